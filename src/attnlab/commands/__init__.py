@@ -1,0 +1,1 @@
+"""One module per group of `attnlab` verbs; `attnlab.cli` discovers them."""

@@ -1,0 +1,72 @@
+"""Tile configurations for the forward kernel.
+
+The GPU table is the output of ``bench/tune_forward.py`` on the H200: each
+(head_dim, masked, length bucket) entry is the fastest configuration measured
+there (bench/results/forward_tuning.jsonl).  Tuning happens offline on the GPU,
+keyed on length buckets, never in CI; at run time a lookup costs nothing and the
+first call only pays one compile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ForwardConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    # K/V through the Hopper tensor-memory accelerator (needs 16-byte aligned rows
+    # and a power-of-two head dim; the launcher drops it where that does not hold).
+    use_tma: bool = False
+    # Triton's automatic warp specialisation of the unmasked KV loop (TMA only).
+    warp_specialize: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+
+
+# The interpreter's cost is per block operation, so moderate tiles are fastest
+# on the CPU, and small enough that test shapes still span several tiles.
+INTERPRETER_CONFIG = ForwardConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
+
+
+def length_bucket(seqlen: int) -> int:
+    """Length bands the tuning table is keyed on: next power of two, 1k..16k clamp."""
+    bucket = 1024
+    while bucket < seqlen and bucket < 16384:
+        bucket *= 2
+    return bucket
+
+
+# (head_dim_pad, masked) -> config, before per-bucket overrides.  Starting points
+# from Triton's Hopper tutorial and FlexAttention's H100 defaults; replaced by
+# tuned entries as measurements land.
+_BASE: dict[tuple[int, bool], ForwardConfig] = {
+    (16, False): ForwardConfig(128, 64, 4, 3),
+    (32, False): ForwardConfig(128, 64, 4, 3),
+    (64, False): ForwardConfig(128, 128, 4, 3),
+    (128, False): ForwardConfig(128, 128, 8, 3),
+    (256, False): ForwardConfig(128, 64, 8, 2),
+    (16, True): ForwardConfig(128, 64, 4, 3),
+    (32, True): ForwardConfig(128, 64, 4, 3),
+    (64, True): ForwardConfig(128, 64, 4, 3),
+    (128, True): ForwardConfig(128, 64, 8, 3),
+    (256, True): ForwardConfig(128, 64, 8, 2),
+}
+
+# (head_dim_pad, masked, length_bucket) -> tuned config.
+TUNED: dict[tuple[int, bool, int], ForwardConfig] = {}
+
+
+def forward_config(head_dim_pad: int, seqlen_q: int, seqlen_k: int, masked: bool, *,
+                   interpreted: bool = False) -> ForwardConfig:
+    if interpreted:
+        return INTERPRETER_CONFIG
+    bucket = length_bucket(max(seqlen_q, seqlen_k))
+    return TUNED.get((head_dim_pad, masked, bucket), _BASE[(head_dim_pad, masked)])

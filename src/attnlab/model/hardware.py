@@ -1,0 +1,123 @@
+"""GPU ceilings for rooflines: datasheet peaks, or ceilings you measured yourself.
+
+Datasheet figures are dense (no 2:4 sparsity) FP16/BF16 Tensor Core peaks and HBM
+bandwidth, SXM parts.  They are ceilings nobody reaches: the peer H200 run measured
+701.5 TFLOP/s for an 8192^3 bf16 GEMM and 4.27 TB/s for a 2 GiB copy against the
+datasheet's 989 and 4.8 (../shared/anchors/h200-peers.jsonl), so pass measured
+ceilings (``measured_ceilings`` / ``ceilings_from_records``) when you have them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class GPU:
+    """Two ceilings of one GPU; units in the names (TFLOP/s = 1e12 FLOP/s, TB/s = 1e12 B/s)."""
+
+    name: str
+    dense_tflops: float  # dense FP16/BF16 Tensor Core FLOP/s, in TFLOP/s
+    hbm_tbps: float      # HBM bandwidth, in TB/s
+    source: str          # "datasheet" or "measured" (with what, where)
+
+    def __post_init__(self) -> None:
+        for field_name in ("dense_tflops", "hbm_tbps"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    value > 0) or math.isinf(value):
+                raise ValueError(f"{field_name} must be a finite number > 0, got {value!r}")
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOP/byte where the two roofs meet: peak FLOP/s over peak bytes/s."""
+        return self.dense_tflops / self.hbm_tbps
+
+    def attainable_tflops(self, flop_per_byte: float) -> float:
+        """Roofline ceiling at an arithmetic intensity: min(compute roof, intensity x bandwidth)."""
+        intensity = _check_intensity(flop_per_byte)
+        return min(self.dense_tflops, intensity * self.hbm_tbps)
+
+    def bound(self, flop_per_byte: float) -> str:
+        """'memory' below the ridge point, 'compute' at or above it."""
+        return "memory" if _check_intensity(flop_per_byte) < self.ridge_point else "compute"
+
+    def min_time_s(self, flops: int, bytes_moved: int) -> float:
+        """Roofline lower bound on a kernel's time: the slower of its two roofs."""
+        return max(flops / (self.dense_tflops * 1e12), bytes_moved / (self.hbm_tbps * 1e12))
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ridge_point": self.ridge_point}
+
+
+def _check_intensity(flop_per_byte: float) -> float:
+    if isinstance(flop_per_byte, bool) or not isinstance(flop_per_byte, (int, float)) or not (
+            flop_per_byte >= 0) or math.isinf(flop_per_byte):
+        raise ValueError(f"flop_per_byte must be a finite number >= 0, got {flop_per_byte!r}")
+    return float(flop_per_byte)
+
+
+# NVIDIA product pages / datasheets, dense FP16/BF16 (the sparse figure is twice these).
+GPUS: dict[str, GPU] = {
+    "A100": GPU("A100", 312.0, 2.039, "datasheet: A100 SXM 80GB, 312 TFLOP/s dense FP16, 2.039 TB/s HBM2e"),
+    "H100 SXM": GPU("H100 SXM", 989.0, 3.35, "datasheet: H100 SXM, 989 TFLOP/s dense FP16, 3.35 TB/s HBM3"),
+    "H200": GPU("H200", 989.0, 4.8, "datasheet: H200 SXM, 989 TFLOP/s dense FP16, 4.8 TB/s HBM3e"),
+    "B200": GPU("B200", 2250.0, 8.0, "datasheet: HGX B200 (1000 W), 2.25 PFLOP/s dense FP16, 8 TB/s HBM3e"),
+}
+
+# Spellings people type; the key is the normalised form (lower case, no spaces/-/_).
+_ALIASES = {"a100": "A100", "a100sxm": "A100", "h100": "H100 SXM", "h100sxm": "H100 SXM",
+            "h200": "H200", "h200sxm": "H200", "b200": "B200"}
+
+
+def _normalise(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def gpu(name: str) -> GPU:
+    """The datasheet entry of a named GPU ('H100', 'h100-sxm' and 'H100 SXM' all work)."""
+    if not isinstance(name, str):
+        raise TypeError(f"gpu name must be a string, one of {sorted(GPUS)}; got {name!r}")
+    key = _ALIASES.get(_normalise(name))
+    if key is None:
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))}")
+    return GPUS[key]
+
+
+def ridge_point(name_or_gpu: str | GPU) -> float:
+    """FLOP/byte at the ridge (H100 SXM: 989 / 3.35 = 295.2; A100: 153.0)."""
+    return (name_or_gpu if isinstance(name_or_gpu, GPU) else gpu(name_or_gpu)).ridge_point
+
+
+def measured_ceilings(name: str, *, dense_tflops: float | None = None,
+                      hbm_tbps: float | None = None, how: str = "measured") -> GPU:
+    """A named GPU with one or both ceilings replaced by measured values."""
+    base = gpu(name)
+    if dense_tflops is None and hbm_tbps is None:
+        raise ValueError("give dense_tflops and/or hbm_tbps: a measured ceiling needs a value")
+    return replace(
+        base,
+        dense_tflops=base.dense_tflops if dense_tflops is None else dense_tflops,
+        hbm_tbps=base.hbm_tbps if hbm_tbps is None else hbm_tbps,
+        source=f"{how} (dense_tflops={'datasheet' if dense_tflops is None else dense_tflops}, "
+               f"hbm_tbps={'datasheet' if hbm_tbps is None else hbm_tbps})",
+    )
+
+
+def ceilings_from_records(name: str, records: Iterable[dict]) -> GPU:
+    """Measured ceilings from peak records (``{"kind": "peak", "tflops": ...}`` and
+    ``{"kind": "peak", "tbps": ...}``, the format of the peer anchors file)."""
+    tflops = tbps = None
+    for record in records:
+        if not isinstance(record, dict) or record.get("kind") != "peak":
+            continue
+        if "tflops" in record:
+            tflops = float(record["tflops"])
+        if "tbps" in record:
+            tbps = float(record["tbps"])
+    if tflops is None and tbps is None:
+        raise ValueError("records hold no peak record with 'tflops' or 'tbps' "
+                         "(expected lines like {\"kind\": \"peak\", \"tflops\": 701.5})")
+    return measured_ceilings(name, dense_tflops=tflops, hbm_tbps=tbps, how="measured peak records")
