@@ -14,44 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def visible_keys(seqlen_q: int, seqlen_k: int, *, causal: bool, window: tuple[int, int],
-                 device=None) -> torch.Tensor:
-    """Boolean (seqlen_q, seqlen_k): may query i see key j (bottom-right aligned)."""
-    left, right = window
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    rows = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
-    cols = torch.arange(seqlen_k, device=device)[None, :]
-    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    if right >= 0:
-        visible &= cols <= rows + right
-    if left >= 0:
-        visible &= cols >= rows - left
-    return visible
-
-
-def attention_in_dtype(q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-                       compute_dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain PyTorch attention in SDPA layout, every op in ``compute_dtype`` (default: q's).
-
-    With float64 this is the oracle; in the kernel's dtype it is the yardstick of
-    how much error that dtype costs.  Returns (O, LSE) with LSE in float32/64.
-    """
-    dtype = compute_dtype or q.dtype
-    q, k, v = (t.to(dtype) for t in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q @ k.transpose(-1, -2)) * scale
-    if softcap > 0:
-        scores = softcap * torch.tanh(scores / softcap)
-    visible = visible_keys(q.shape[2], k.shape[2], causal=causal, window=window, device=q.device)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(scores.float() if dtype != torch.float64 else scores, dim=-1)
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no key: all -inf -> 0
-    return probs @ v, lse
+from attnlab.reference import naive
 
 
 @dataclass(frozen=True)
@@ -73,8 +36,11 @@ def check_accuracy(out, lse, q, k, v, *, causal=False, scale=None, window=(-1, -
     to_bhsd = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
     q, k, v, out = (to_bhsd(t) for t in (q, k, v, out))
     options = dict(causal=causal, scale=scale, window=window, softcap=softcap)
-    ref, ref_lse = attention_in_dtype(q, k, v, compute_dtype=torch.float64, **options)
-    same_dtype, _ = attention_in_dtype(q, k, v, **options)
+    # The oracle: the materialising baseline in float64.  The yardstick: the same
+    # computation in the kernel's dtype, i.e. what that dtype costs PyTorch itself.
+    ref, ref_scores, _ = naive(*(t.double() for t in (q, k, v)), return_scores=True, **options)
+    ref_lse = torch.logsumexp(ref_scores, dim=-1)
+    same_dtype = naive(q, k, v, **options)
     error = (out.double() - ref).abs().max().item()
     yardstick = (same_dtype.double() - ref).abs().max().item()
     rounded = ref.to(out.dtype)

@@ -169,8 +169,8 @@ def run_trace(args: argparse.Namespace) -> int:
     if (args.scores is None) != (args.values is None):
         raise ValueError("--scores and --values go together: give both or neither "
                          "(neither = the lesson's two-tile trace)")
-    scores = _parse_floats(args.scores or LESSON_SCORES, "--scores")
-    values = _parse_values(args.values or LESSON_VALUES)
+    scores = _parse_floats(LESSON_SCORES if args.scores is None else args.scores, "--scores")
+    values = _parse_values(LESSON_VALUES if args.values is None else args.values)
     tile = _parse_int(args.tile, "--tile", 1)
     report = trace_report(scores, values, tile)
     if args.json:
@@ -397,7 +397,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tiles.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                        help="bottom-right causal mask (default on)")
     tiles.add_argument("--window", default="-1,-1",
-                       help="sliding window LEFT,RIGHT, -1 = unbounded (default -1,-1)")
+                       help="sliding window LEFT,RIGHT, -1 = unbounded (default -1,-1); "
+                            "write --window=-1,8 when LEFT is negative")
     tiles.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tiles.set_defaults(run=run_tiles)
 

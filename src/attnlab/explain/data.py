@@ -26,7 +26,15 @@ from attnlab.explain.units import (
     format_tokens,
 )
 from attnlab.model import amdahl, flops, memory, traffic
-from attnlab.reference.tiles import FULL, MASKED, SKIPPED, tile_plan
+from attnlab.reference.tiles import (
+    ALL_VISIBLE,
+    FULL,
+    MASKED,
+    NONE_VISIBLE,
+    PARTLY_VISIBLE,
+    SKIPPED,
+    tile_plan,
+)
 from attnlab.reference.walk import online_softmax_walk
 from attnlab.shapes import LESSON_SHAPE, PRESETS, AttentionShape
 
@@ -213,11 +221,16 @@ def _row_summary(plan, query_tile: int) -> dict:
     row = plan.query_tile(query_tile)
     rows = row.rows
     loaded_rows = plan.loaded_kv_rows(query_tile)
+    loads = []
+    if row.full:
+        loads.append(f"{format_index_ranges(row.full)} without a mask")
+    if row.masked:
+        loads.append(f"{format_index_ranges(row.masked)} with the element mask")
+    skips = (f"; it skips {format_index_ranges(row.skipped)}, which lie entirely in its future"
+             if row.skipped else "; it skips none")
     summary = (f"Query tile {query_tile + 1} (query rows {rows.start + 1}\u2013{rows.stop}) "
                f"loads KV tiles {format_index_ranges(row.loaded)} ({loaded_rows:,} key rows): "
-               f"{format_index_ranges(row.full)} without a mask, "
-               f"{format_index_ranges(row.masked)} with the element mask; it skips "
-               f"{format_index_ranges(row.skipped)}.")
+               f"{' and '.join(loads)}{skips}.")
     counts = (f"{len(row.full)} full \u00b7 {len(row.masked)} masked \u00b7 "
               f"{len(row.skipped)} skipped \u00b7 {loaded_rows:,} key rows loaded "
               f"(attnlab.reference.tile_plan)")
@@ -250,16 +263,27 @@ def _exercise_answer(block_m: int, block_n: int, seqlen: int, query_tile: int) -
     parts = []
     for kv_tile in row.masked:
         keys = plan.key_rows(kv_tile)
-        segments = "; ".join(
-            f"rows {s.first_row + 1}\u2013{s.last_row + 1} {s.visibility}"
+        segments = ", ".join(
+            f"{_row_span(s.first_row, s.last_row)} "
+            f"{'sees' if s.first_row == s.last_row else 'see'} {SEES[s.visibility]}"
             for s in plan.row_segments(query_tile, kv_tile))
-        parts.append(f"tile {kv_tile + 1} (keys {keys.start + 1}\u2013{keys.stop}): {segments}")
-    return (f"Exercise 4: query tile {query_tile + 1} loads KV tiles "
-            f"{format_index_ranges(row.loaded)}; {format_index_ranges(row.full)} need no mask, "
-            f"and {format_index_ranges(row.masked)} straddle the diagonal \u2014 "
-            + " | ".join(parts)
-            + ". Keep the skip bound but drop the mask and those upper rows would attend to "
-              "future keys: a plausible-looking, wrong output, and no error.")
+        parts.append(f"In tile {kv_tile + 1} (keys {keys.start + 1}\u2013{keys.stop}), "
+                     f"{segments}.")
+    return (f"Exercise 4: query tile {query_tile + 1} (rows {row.rows.start + 1}\u2013"
+            f"{row.rows.stop}) loads KV tiles {format_index_ranges(row.loaded)}. Tiles "
+            f"{format_index_ranges(row.full)} need no mask; tiles "
+            f"{format_index_ranges(row.masked)} straddle the diagonal. " + " ".join(parts)
+            + " Keep the skip bound but drop the mask, and rows see keys in their future: "
+              "the output is a plausible-looking, wrong average, and nothing raises an error.")
+
+
+# How a row segment of attnlab.reference.tiles reads in a sentence.
+SEES = {ALL_VISIBLE: "all of it", PARTLY_VISIBLE: "part of it", NONE_VISIBLE: "none of it"}
+
+
+def _row_span(first: int, last: int) -> str:
+    """0-based inclusive rows as the lesson writes them (1-based)."""
+    return f"row {first + 1}" if first == last else f"rows {first + 1}\u2013{last + 1}"
 
 
 def block_walk_section() -> dict:
@@ -338,6 +362,8 @@ def traffic_section(shape: AttentionShape = LESSON_SHAPE) -> dict:
     ]
     return {
         "shape": shape.replace(query_heads=1, kv_heads=1).describe(),
+        "scope_short": (f"naive \u00f7 fused, logical HBM bytes per head, N={shape.seqlen_q}, "
+                        f"d={shape.head_dim}, {shape.dtype}; the third mixes conditions"),
         "scope": (f"Logical HBM bytes {traffic.SCOPE_LABELS['head']}, N = {shape.seqlen_q:,}, "
                   f"d = {shape.head_dim}, {shape.dtype.upper()}, B_r = {shape.block_m}, "
                   f"B_c = {shape.block_n}; cold cache, no padding (attnlab.model.traffic). "

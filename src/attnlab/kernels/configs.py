@@ -21,8 +21,6 @@ class ForwardConfig:
     # K/V through the Hopper tensor-memory accelerator (needs 16-byte aligned rows
     # and a power-of-two head dim; the launcher drops it where that does not hold).
     use_tma: bool = False
-    # Triton's automatic warp specialisation of the unmasked KV loop (TMA only).
-    warp_specialize: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):

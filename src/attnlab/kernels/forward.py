@@ -33,6 +33,64 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _load_kv_tile(src, stride_n, start_n, offs_d, seqlen_k,
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                  MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """One (BLOCK_N, HEAD_DIM_PAD) tile of K or V; rows past seqlen_k and padded columns read 0.
+
+    ``src`` is a TMA descriptor when USE_TMA (it zero-fills out-of-range rows by
+    itself), else the base pointer of this (batch, kv head).
+    """
+    if USE_TMA:
+        return src.load([start_n, 0])
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    ptrs = src + offs_n[:, None] * stride_n + offs_d[None, :]
+    if MASKED:
+        # A band-edge tile may also be the ragged last tile of the sequence.
+        return tl.load(ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if HEAD_DIM != HEAD_DIM_PAD:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
+def _online_softmax_step(qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset,
+                         window_left, window_right, qk_scale, softcap_log2, softcap_inv,
+                         BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+                         HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """Scores of one tile -> probabilities p (base m_new), rescale alpha, new m and l."""
+    if HAS_SOFTCAP:
+        # softcap * tanh(s / softcap), with tanh(x) = 1 - 2 / (exp(2x) + 1); kept in
+        # the log2 domain so the exponentials below stay exp2.
+        x = qk * softcap_inv
+        qk = softcap_log2 * (1.0 - 2.0 / (tl.math.exp2(x * (2.0 * 1.4426950408889634)) + 1.0))
+        score_scale = 1.0
+    else:
+        # The softmax scale is folded into the exp2 argument (one FMA per score).
+        score_scale = qk_scale
+    if MASKED:
+        # The element mask: invisible scores become -inf before max and sum see them.
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        visible = offs_n[None, :] < seqlen_k
+        if HAS_RIGHT:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag_offset + window_right)
+        if HAS_LEFT:
+            visible = visible & (offs_n[None, :] >= offs_m[:, None] + diag_offset - window_left)
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
+        # A row that has seen no visible key yet keeps m = -inf; subtracting 0
+        # instead of -inf makes exp2 give 0 rather than NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
+        m_safe = m_new
+    p = tl.math.exp2(qk * score_scale - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@triton.jit
 def _kv_tiles(
     acc, l_i, m_i, q,
     k_src, v_src,
@@ -42,70 +100,20 @@ def _kv_tiles(
     qk_scale, softcap_log2, softcap_inv,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    """Fold KV tiles [kv_start, kv_end) into the running softmax state.
-
-    ``k_src``/``v_src`` are TMA descriptors when USE_TMA (out-of-range rows come
-    back as zeros), else base pointers of this (batch, kv head).
-    """
-    d_in_bounds = offs_d[None, :] < HEAD_DIM
-    for start_n in tl.range(kv_start, kv_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        if USE_TMA:
-            k = k_src.load([start_n, 0])
-        else:
-            k_ptrs = k_src + offs_n[:, None] * stride_kn + offs_d[None, :]
-            v_ptrs = v_src + offs_n[:, None] * stride_vn + offs_d[None, :]
-            if MASKED:
-                # A band-edge tile may also be the ragged last tile of the sequence.
-                load_mask = (offs_n[:, None] < seqlen_k) & d_in_bounds
-                k = tl.load(k_ptrs, mask=load_mask, other=0.0)
-            elif HEAD_DIM != HEAD_DIM_PAD:
-                k = tl.load(k_ptrs, mask=d_in_bounds, other=0.0)
-            else:
-                k = tl.load(k_ptrs)
-
+    """Fold KV tiles [kv_start, kv_end) into the running softmax state (m_i, l_i, acc)."""
+    for start_n in range(kv_start, kv_end, BLOCK_N):
+        k = _load_kv_tile(k_src, stride_kn, start_n, offs_d, seqlen_k,
+                          BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)
         qk = tl.dot(q, tl.trans(k))
-        if HAS_SOFTCAP:
-            # softcap * tanh(s / softcap), with tanh(x) = 1 - 2 / (exp(2x) + 1); kept in
-            # the log2 domain so the exponentials below stay exp2.
-            x = qk * softcap_inv
-            qk = softcap_log2 * (1.0 - 2.0 / (tl.math.exp2(x * (2.0 * 1.4426950408889634)) + 1.0))
-            score_scale = 1.0
-        else:
-            # The softmax scale is folded into the exp2 argument (one FMA per score).
-            score_scale = qk_scale
-
-        if MASKED:
-            visible = offs_n[None, :] < seqlen_k
-            if HAS_RIGHT:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag_offset + window_right)
-            if HAS_LEFT:
-                visible = visible & (offs_n[None, :] >= offs_m[:, None] + diag_offset - window_left)
-            qk = tl.where(visible, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
-            # A row that has seen no visible key yet keeps m = -inf; subtracting 0
-            # instead of -inf makes exp2 give 0 rather than NaN.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
-            m_safe = m_new
-        p = tl.math.exp2(qk * score_scale - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-
-        if USE_TMA:
-            v = v_src.load([start_n, 0])
-        elif MASKED:
-            v = tl.load(v_ptrs, mask=load_mask, other=0.0)
-        elif HEAD_DIM != HEAD_DIM_PAD:
-            v = tl.load(v_ptrs, mask=d_in_bounds, other=0.0)
-        else:
-            v = tl.load(v_ptrs)
+        p, alpha, m_i, l_i = _online_softmax_step(
+            qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, window_left, window_right,
+            qk_scale, softcap_log2, softcap_inv, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
+        v = _load_kv_tile(v_src, stride_vn, start_n, offs_d, seqlen_k,
+                          BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -131,7 +139,7 @@ def _attn_fwd(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    REVERSE_M: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    REVERSE_M: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # Query blocks of one head run next to each other so they share its K/V in L2;
     # with a causal band the last blocks do the most work, so they start first.
@@ -199,20 +207,19 @@ def _attn_fwd(
         acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
         kv_lo, full_lo, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA, False)
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA)
     # Stage 2: tiles wholly inside the band (no mask).
     acc, l_i, m_i = _kv_tiles(
         acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
         full_lo, full_hi, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA,
-        WARP_SPECIALIZE)
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA)
     # Stage 3: diagonal tiles and the ragged last tile (element mask).
     acc, l_i, m_i = _kv_tiles(
         acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
         full_hi, kv_hi, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA, False)
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA)
 
     # One division per row, at the end.  A row with no visible key has l = 0:
     # it outputs zeros and LSE = -inf.
@@ -313,7 +320,7 @@ def flash_forward(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
-        REVERSE_M=has_right, USE_TMA=use_tma, WARP_SPECIALIZE=use_tma and config.warp_specialize,
+        REVERSE_M=has_right, USE_TMA=use_tma,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out, lse

@@ -1,4 +1,16 @@
 """Exact, pure-Python models of attention: bytes, memory, FLOPs, roofline, Amdahl.
 
+- :mod:`~attnlab.model.traffic`: logical HBM bytes per kernel (naive, FA-2 forward and
+  backward, GQA packing, Flash-Decoding) and matched ratios.
+- :mod:`~attnlab.model.memory`: S/P and softmax-statistics footprints by scope.
+- :mod:`~attnlab.model.flops`: FLOPs counted from the real mask, arithmetic intensity.
+- :mod:`~attnlab.model.hardware`: datasheet or measured ceilings, ridge points.
+- :mod:`~attnlab.model.amdahl`: speedup from a time share, across boundaries.
+- :mod:`~attnlab.model.mask`: which (query, key) pairs and tiles a mask keeps.
+
 Nothing here imports torch, so the models run anywhere the shapes do.
 """
+
+from attnlab.model import amdahl, flops, hardware, mask, memory, traffic
+
+__all__ = ["amdahl", "flops", "hardware", "mask", "memory", "traffic"]

@@ -101,8 +101,9 @@ def measured_ceilings(name: str, *, dense_tflops: float | None = None,
         base,
         dense_tflops=base.dense_tflops if dense_tflops is None else dense_tflops,
         hbm_tbps=base.hbm_tbps if hbm_tbps is None else hbm_tbps,
-        source=f"{how} (dense_tflops={'datasheet' if dense_tflops is None else dense_tflops}, "
-               f"hbm_tbps={'datasheet' if hbm_tbps is None else hbm_tbps})",
+        source=f"{how}: dense_tflops "
+               f"{'from the datasheet' if dense_tflops is None else f'{dense_tflops:.4g}'}, "
+               f"hbm_tbps {'from the datasheet' if hbm_tbps is None else f'{hbm_tbps:.4g}'}",
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from attnlab.shapes import AttentionShape
 
+
 def check_shape(shape: object, name: str = "shape") -> AttentionShape:
     if not isinstance(shape, AttentionShape):
         raise TypeError(f"{name} must be an attnlab.AttentionShape, got {type(shape).__name__}")
@@ -81,7 +82,7 @@ def visible_pairs(shape: AttentionShape) -> int:
         cuts.add(-offset - right)           # upper bound reaches key 0
     points = sorted(c for c in cuts if 0 <= c <= n_q)
     total = 0
-    for start, stop in zip(points, points[1:]):
+    for start, stop in zip(points[:-1], points[1:], strict=True):
         if stop <= start:
             continue
         # keys_seen is linear on [start, stop - 1] (clamp to 0 included: the zero

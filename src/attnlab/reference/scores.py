@@ -27,7 +27,8 @@ def visible_keys(band: KeyBand, query_rows: range, key_rows: range,
     rows = torch.arange(query_rows.start, query_rows.stop, device=device).unsqueeze(1)
     cols = torch.arange(key_rows.start, key_rows.stop, device=device).unsqueeze(0)
     diagonal = cols - rows  # j - i: visibility is a band on this difference
-    visible = (cols >= 0) & (cols < band.seqlen_k)
+    # Real rows and keys only; written so the result is always (rows, keys), band or not.
+    visible = (rows >= 0) & (rows < band.seqlen_q) & (cols >= 0) & (cols < band.seqlen_k)
     if band.lowest is not None:
         visible = visible & (diagonal >= band.lowest)
     if band.highest is not None:

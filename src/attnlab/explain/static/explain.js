@@ -70,8 +70,8 @@
       playButton.textContent = "Pause";
       playButton.setAttribute("aria-pressed", "true");
       timer = setInterval(() => {
-        if (index >= count() - 1) { stop(); return; }
         show(index + 1);
+        if (index >= count() - 1) stop();  // stop on the last state, not one tick later
       }, intervalMs);
     }
     function act(action) {
@@ -271,16 +271,17 @@
   const PALETTE = ["#1b6ac9", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285",
                    "#c2255c", "#5c940d"];
 
+  // 1-2-5 ticks from the largest one at or below `low` to the smallest at or above `high`,
+  // so the axis always starts and ends on a labelled value.
   function niceLogTicks(low, high) {
-    const ticks = [];
-    for (let exponent = Math.floor(Math.log10(low)); exponent <= Math.ceil(Math.log10(high));
+    const all = [];
+    for (let exponent = Math.floor(Math.log10(low)) - 1; exponent <= Math.ceil(Math.log10(high));
          exponent += 1) {
-      for (const mantissa of [1, 2, 5]) {
-        const value = mantissa * Math.pow(10, exponent);
-        if (value >= low * 0.999 && value <= high * 1.001) ticks.push(value);
-      }
+      for (const mantissa of [1, 2, 5]) all.push(mantissa * Math.pow(10, exponent));
     }
-    return ticks;
+    const first = all.filter((v) => v <= low).pop();
+    const last = all.find((v) => v >= high);
+    return all.filter((v) => v >= first && v <= last);
   }
 
   function formatTick(value) {
@@ -300,9 +301,9 @@
     }
     const xLow = Math.min(...xs) / 1.25;
     const xHigh = Math.max(...xs) * 1.25;
-    const yTicks = niceLogTicks(Math.min(...ys) / 1.5, Math.max(...ys) * 1.5);
-    const yLow = Math.min(Math.min(...ys) / 1.5, yTicks[0] || Infinity);
-    const yHigh = Math.max(Math.max(...ys) * 1.5, yTicks[yTicks.length - 1] || 0);
+    const yTicks = niceLogTicks(Math.min(...ys) / 1.2, Math.max(...ys) * 1.2);
+    const yLow = yTicks[0];
+    const yHigh = yTicks[yTicks.length - 1];
     const plotWidth = width - margin.left - margin.right;
     const plotHeight = height - margin.top - margin.bottom;
     const xScale = (x) => margin.left + plotWidth * Math.log(x / xLow) / Math.log(xHigh / xLow);
@@ -347,7 +348,11 @@
           tooltip.hidden = false;
           const boxRect = box.getBoundingClientRect();
           const dotRect = dot.getBoundingClientRect();
-          tooltip.style.left = `${dotRect.left - boxRect.left + 10}px`;
+          const x = dotRect.left - boxRect.left + dotRect.width / 2;
+          // Keep the box inside the chart: to the left of points near the right edge.
+          const left = x + 12 + tooltip.offsetWidth > boxRect.width
+            ? Math.max(0, x - 12 - tooltip.offsetWidth) : x + 12;
+          tooltip.style.left = `${left}px`;
           tooltip.style.top = `${dotRect.top - boxRect.top - 34}px`;
         };
         const hideTip = () => { tooltip.hidden = true; };

@@ -1,0 +1,304 @@
+"""Issue 5 on the H200, in one call: kernels proven, sweeps timed, DRAM bytes counted.
+
+    PYTHONPATH=src python3 bench/h200_measure.py            # writes under $OUT
+
+Sections, in order, each under its own time cap inside an overall budget (points
+that do not fit are recorded as skipped, with that reason):
+
+1. ceilings: a bf16 GEMM's TFLOP/s and a 2 GiB device copy's TB/s;
+2. kernels: what one call of each main provider launches (torch.profiler), plus
+   one Chrome trace of the typical eager baseline (test data for the parser);
+3. prefill sweep (lesson-8b layer: 32 heads, d=128, fp16, causal) and decode sweep
+   (32 query / 8 KV heads) for every provider, each point checked against the
+   reference and its kernel names recorded; FlexAttention last (it compiles);
+4. ncu: N in {1k, 4k, 16k} x heads in {1, 32}, d=128, fp16, no mask, for eager,
+   sdpa_flash, sdpa_cudnn and attnlab, in one Nsight Compute session
+   (--clock-control none), compared with the cache-aware model.
+
+Files under $OUT (8, at most one folder deep):
+  records.jsonl            every bench record (ceilings, latency, skipped + reasons)
+  kernels.json             kernel lists per provider
+  trace_eager_typical.json profiler trace of one eager_typical call (parser test data)
+  cache_model_vs_ncu.md    predicted vs measured DRAM bytes
+  ncu/ncu_kernels.csv      ncu counters, long format (same as ../shared/anchors)
+  ncu/ncu_raw.csv          ncu's own raw-page CSV
+  ncu/summary.json         per-kernel summaries, comparisons, notes, failed cases
+  log.txt                  this script's full output
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+START = time.monotonic()
+BUDGET_S = 330.0          # sections 1-3 and most of 4; ncu gets at least 150 s
+ROOT = Path(__file__).resolve().parents[1]
+OUT = Path(os.environ.get("OUT", ROOT / "bench-out")).resolve()
+OUT.mkdir(parents=True, exist_ok=True)
+# The ncu target is a child process: it must import this checkout's attnlab too.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+sys.path.insert(0, str(ROOT / "src"))
+
+PREFILL_LENGTHS = [1024, 2048, 4096, 8192, 16384]
+DECODE_LENGTHS = [1024, 4096, 16384, 65536]
+FLEX_PREFILL_LENGTHS = [1024, 4096, 16384]
+FLEX_DECODE_LENGTHS = [4096, 65536]
+NCU_LENGTHS = [1024, 4096, 16384]
+NCU_HEADS = [1, 32]
+NCU_PROVIDERS = ["eager", "sdpa_flash", "sdpa_cudnn", "attnlab"]
+TIMING = {"target_ms": 40.0, "min_repeats": 5, "max_repeats": 100}
+
+
+class Tee:
+    """Everything printed goes to the terminal and to log.txt."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("w", encoding="utf-8")
+        self.stdout = sys.stdout
+
+    def write(self, text: str) -> int:
+        self.file.write(text)
+        self.file.flush()
+        return self.stdout.write(text)
+
+    def flush(self) -> None:
+        self.file.flush()
+        self.stdout.flush()
+
+
+sys.stdout = Tee(OUT / "log.txt")
+
+
+def elapsed() -> float:
+    return time.monotonic() - START
+
+
+def deadline(cap_s: float) -> float:
+    """Monotonic deadline: this section's cap, never past the overall budget."""
+    return min(time.monotonic() + cap_s, START + BUDGET_S)
+
+
+def section(title: str) -> None:
+    print(f"\n=== {title} (t={elapsed():.0f} s) ===", flush=True)
+
+
+def main() -> int:
+    import torch
+
+    from attnlab.measure import records as rec
+    from attnlab.measure.providers import PROVIDERS, parse_providers
+
+    if not torch.cuda.is_available():
+        print("h200_measure: needs a CUDA GPU")
+        return 2
+    env = rec.environment("PYTHONPATH=src python3 bench/h200_measure.py")
+    print(rec.describe_environment(env))
+    records_path = OUT / "records.jsonl"
+    summary: dict = {}
+
+    section("1. ceilings")
+    try:
+        from attnlab.measure.sweep import measure_ceilings
+
+        ceilings = measure_ceilings(env)
+        rec.upsert_records(records_path, ceilings)
+        for r in ceilings:
+            print(f"  {r['kernel']}: {r['p50']:.1f} {r['unit']}")
+    except Exception:
+        traceback.print_exc()
+
+    section("2. kernels")
+    try:
+        summary["kernels"] = kernels_section(env)
+    except Exception:
+        traceback.print_exc()
+
+    from attnlab.measure.sweep import run_sweep
+    from attnlab.shapes import preset
+
+    prefill = preset("lesson-8b").shape(4096, causal=True)
+    decode = prefill.replace(kv_heads=8)
+    not_flex = [p for p in PROVIDERS.values() if p.name != "flex"]
+    flex = parse_providers("flex")
+    results = []
+    for title, providers, phase, lengths, base, cap in (
+            ("3a. prefill sweep", not_flex, "prefill", PREFILL_LENGTHS, prefill, 80),
+            ("3b. decode sweep", not_flex, "decode", DECODE_LENGTHS, decode, 40),
+            ("3c. flex prefill", flex, "prefill", FLEX_PREFILL_LENGTHS, prefill, 40),
+            ("3d. flex decode", flex, "decode", FLEX_DECODE_LENGTHS, decode, 25)):
+        section(title)
+        try:
+            results += run_sweep(providers, [phase], lengths, base, device="cuda", env=env,
+                                 timing=TIMING, out=records_path, deadline=deadline(cap),
+                                 progress=False)
+        except Exception:
+            traceback.print_exc()
+
+    section("4. ncu")
+    comparisons = []
+    try:
+        comparisons = ncu_section()
+    except Exception:
+        traceback.print_exc()
+
+    section("summary")
+    print_summary([r.record for r in results], comparisons)
+    print(f"\nfiles in {OUT}:")
+    for path in sorted(p for p in OUT.rglob("*") if p.is_file()):
+        print(f"  {path.relative_to(OUT)}  ({path.stat().st_size:,} bytes)")
+    print(f"total {elapsed():.0f} s")
+    return 0
+
+
+def kernels_section(env: dict) -> dict:
+    import torch
+
+    from attnlab.measure.dispatch import profile_call, short_name
+    from attnlab.measure.providers import prepare, provider
+    from attnlab.measure.sweep import phase_shape
+    from attnlab.shapes import preset
+
+    stop = deadline(45)
+    lesson = preset("lesson-8b").shape(4096, causal=False)
+    gqa = preset("qwen-gqa").shape(4096, causal=True)
+    cases = [(name, "prefill", lesson) for name in
+             ("eager", "eager_typical", "sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn",
+              "sdpa_math", "attnlab")]
+    cases += [(name, "prefill", lesson.replace(causal=True)) for name in ("sdpa", "attnlab")]
+    cases += [(name, "prefill", gqa) for name in ("eager_typical", "sdpa", "attnlab")]
+    cases += [(name, "decode", phase_shape(lesson.replace(kv_heads=8, causal=True), "decode",
+                                           4096))
+              for name in ("eager_typical", "sdpa", "sdpa_flash", "sdpa_cudnn", "attnlab")]
+    out = []
+    for name, phase, shape in cases:
+        if time.monotonic() > stop:
+            out.append({"provider": name, "phase": phase, "shape": shape.as_dict(),
+                        "error": "not run: section time cap reached"})
+            continue
+        try:
+            call = prepare(provider(name), shape, phase, "cuda")
+            inputs = call.inputs()
+            kernels = profile_call(call.call, inputs)
+            out.append({"provider": name, "phase": phase, "shape": shape.as_dict(),
+                        **kernels.as_dict()})
+            print(f"  {name:14s} {phase:7s} {shape.describe():60s} {kernels.launches:3d} launches, "
+                  f"{100 * kernels.outside_gemm_share:5.1f}% outside GEMMs: "
+                  + ", ".join(short_name(k.name, 40) for k in kernels.kernels[:4]))
+        except Exception as error:
+            message = " ".join(str(error).split())[:300]
+            out.append({"provider": name, "phase": phase, "shape": shape.as_dict(),
+                        "error": f"{type(error).__name__}: {message}"})
+            print(f"  {name:14s} {phase:7s} failed: {type(error).__name__}: {message}")
+        torch.cuda.empty_cache()
+    # A captured trace for the parser's test: the post's GQA baseline, small enough to commit.
+    try:
+        small = gqa.replace(seqlen_q=1024, seqlen_k=1024)
+        call = prepare(provider("eager_typical"), small, "prefill", "cuda")
+        profile_call(call.call, call.inputs(), trace_path=OUT / "trace_eager_typical.json")
+    except Exception:
+        traceback.print_exc()
+    (OUT / "kernels.json").write_text(json.dumps(out, indent=1))
+    return {"cases": len(out)}
+
+
+def ncu_section() -> list:
+    from attnlab.measure import ncu
+    from attnlab.measure.compare import compare_case, markdown_table
+    from attnlab.measure.sweep import phase_shape
+    from attnlab.shapes import AttentionShape
+
+    binary = ncu.find_ncu()
+    if binary is None:
+        print("  ncu not found on PATH, $NCU or /usr/local/cuda/bin: skipped")
+        return []
+    cases = [(p, "prefill", phase_shape(AttentionShape(query_heads=h, kv_heads=h, head_dim=128,
+                                                       dtype="fp16", causal=False),
+                                        "prefill", n))
+             for h in NCU_HEADS for n in NCU_LENGTHS for p in NCU_PROVIDERS]
+    timeout = max(150.0, min(240.0, START + BUDGET_S + 60 - time.monotonic()))
+    print(f"  {len(cases)} cases, {binary}, timeout {timeout:.0f} s")
+    work = Path(tempfile.mkdtemp(prefix="attnlab-ncu-"))
+    try:
+        run = ncu.run_ncu(cases, work, ncu=binary, timeout_s=timeout)
+    except Exception as error:
+        log = work / "ncu_log.txt"
+        print(f"  ncu failed: {error}")
+        if log.exists():
+            print("  ncu log tail:\n    " + "\n    ".join(log.read_text().splitlines()[-15:]))
+        return []
+    (OUT / "ncu").mkdir(exist_ok=True)
+    shutil.copy(run.long_csv, OUT / "ncu" / "ncu_kernels.csv")
+    shutil.copy(run.raw_csv, OUT / "ncu" / "ncu_raw.csv")
+    groups = ncu.group_by_case(run.kernels)
+    comparisons = []
+    for label, kernels in groups.items():
+        provider_name, _phase, shape = ncu.parse_case_label(label)
+        comparisons.append(compare_case(provider_name, shape, kernels))
+    (OUT / "cache_model_vs_ncu.md").write_text(
+        "Predicted (cache-aware model) vs measured (ncu --clock-control none) DRAM bytes of one "
+        "call; MB = 10^6 bytes.\n\n" + markdown_table(comparisons))
+    log_text = (work / "ncu_log.txt").read_text() if (work / "ncu_log.txt").exists() else ""
+    (OUT / "ncu" / "summary.json").write_text(json.dumps(
+        {"ncu_command": run.command, "metrics": run.metrics, "notes": run.notes,
+         "failed_cases": run.failed_cases, "ncu_log_tail": log_text.splitlines()[-40:],
+         "kernels": [k.summary() for k in run.kernels],
+         "comparisons": [c.as_dict() for c in comparisons]}, indent=1, default=str))
+    for label, reason in run.failed_cases.items():
+        print(f"  case failed: {label}: {reason[:200]}")
+    for note in run.notes:
+        print(f"  note: {note}")
+    return comparisons
+
+
+def print_summary(records: list[dict], comparisons: list) -> None:
+    from attnlab.measure.compare import markdown_table
+    from attnlab.measure.dispatch import short_name
+
+    for phase in ("prefill", "decode"):
+        rows = [r for r in records if r["phase"] == phase]
+        if not rows:
+            continue
+        key = "seqlen_k" if phase == "decode" else "seqlen_q"
+        lengths = sorted({r["shape"][key] for r in rows})
+        print(f"\n{phase}: median ms per call ({'KV length' if phase == 'decode' else 'N'} "
+              f"across; '-' = skipped, reasons below)")
+        print(f"  {'provider':15s}" + "".join(f"{n:>10d}" for n in lengths) + "   main kernel")
+        providers = sorted({r["provider"] for r in rows},
+                           key=lambda p: [r["provider"] for r in rows].index(p))
+        for provider_name in providers:
+            cells, kernel = [], ""
+            for n in lengths:
+                match = [r for r in rows if r["provider"] == provider_name and r["shape"][key] == n]
+                if match and match[0]["metric"] == "latency":
+                    cells.append(f"{match[0]['p50']:10.4f}")
+                    names = [m for m in match[0]["kernel_names"] if not m.startswith("Memset")]
+                    if names:
+                        kernel = f"{len(names)} kernel(s): {short_name(names[0], 38)}"
+                else:
+                    cells.append(f"{'-':>10s}")
+            print(f"  {provider_name:15s}" + "".join(cells) + f"   {kernel}")
+    reasons: dict[str, set] = {}
+    for r in records:
+        if r["metric"] == "skipped":
+            reasons.setdefault(r["provider"], set()).add(r["reason"][:150])
+    if reasons:
+        print("\nskipped:")
+        for provider_name, why in reasons.items():
+            print(f"  {provider_name}: " + " | ".join(sorted(why))[:300])
+    if comparisons:
+        print("\nDRAM bytes, ncu vs the cache-aware model (MB):")
+        print(markdown_table(comparisons))
+        met = sum(c.meets_goal for c in comparisons)
+        print(f"within 15%: {met} of {len(comparisons)} cases")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""`attnlab explain`: write the interactive explainer page (one offline HTML file).
+
+The page's numbers come from attnlab's models and reference and from the measured
+records under ``bench/results/``; this verb builds them, renders the page and prints
+what it wrote.  It never launches a kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+DEMO_ORDER = 40
+DEFAULT_OUT = Path("attnlab-explain")
+# Relative to the working directory: run from the repository root to use the
+# committed records, or pass --results.
+DEFAULT_RESULTS = Path("bench/results")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explain", help="write the interactive explainer page (offline HTML)",
+        description="Write a self-contained page (index.html) explaining where FlashAttention's "
+                    "speed comes from, with every number from attnlab's models and the "
+                    "measured records.")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"output folder (default: ./{DEFAULT_OUT})")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                        help=f"folder of measured records, *.jsonl (default: ./{DEFAULT_RESULTS})")
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary as JSON instead of a table")
+    parser.set_defaults(run=run)
+
+
+def build_and_write(out_dir: Path, results_dir: Path,
+                    name: str = "index.html") -> tuple[Path, dict]:
+    """Build the page data, write the page; returns its path and a summary."""
+    from attnlab.explain.data import build_page_data
+    from attnlab.explain.page import write_page
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out must be a folder (it is created if missing), got the file "
+                         f"{out_dir}")
+    data = build_page_data(results_dir)
+    path = write_page(out_dir, data, name)
+    return path, summarise(path, data)
+
+
+def summarise(path: Path, data: dict) -> dict:
+    """The headline number of every section, with its scope, for the table and --json."""
+    memory = data["memory"]
+    preset = next(p for p in memory["presets"] if p["name"] == memory["default_preset"])
+    stop = memory["stops"][memory["default_stop"]]
+    values = preset["values"][memory["default_stop"]]
+    walk = data["online_walk"]
+    exercise = data["block_walk"]["exercise"]
+    exercise_plan = data["block_walk"]["plans"][
+        f"{exercise['block_m']},{exercise['block_n']},{exercise['seqlen']}"]
+    exercise_row = exercise_plan["rows"][exercise["query_tile_index"]]
+    measured = data["measured"]
+    amdahl = data["amdahl"]
+    defaults = amdahl["defaults"]
+    return {
+        "page": str(path),
+        "page_bytes": path.stat().st_size,
+        "sections": [
+            {"section": "1 how", "value": f"{values['s_text']} vs {preset['tile']['text']}",
+             "scope": f"{preset['label']}, {stop['label']} tokens: whole S of one layer vs "
+                      f"one score tile"},
+            {"section": "2 tile walk", "value": f"o = {walk['output_text']}",
+             "scope": f"one query, scores {', '.join(walk['score_texts'])}, values "
+                      f"{', '.join(walk['value_texts'])}; full-row softmax "
+                      f"{walk['full_row_text']}"},
+            {"section": "2 causal grid", "value": exercise_row["counts"].split(" (")[0],
+             "scope": exercise["button"]},
+            {"section": "3 bytes",
+             "value": ", ".join(f"{r['text']}{'' if r['valid'] else ' (invalid)'}"
+                                for r in data["traffic"]["ratios"]),
+             "scope": data["traffic"]["scope_short"]},
+            {"section": "4 how much", "value": f"{measured['record_count']} records",
+             "scope": measured["summary"]},
+            {"section": "5 amdahl",
+             "value": (f"f = {amdahl['time_share_stops'][defaults['time_share_index']]['label']}, "
+                       f"S = {amdahl['kernel_speedup_stops'][defaults['kernel_speedup_index']]['label']}"),
+             "scope": "sliders; layer and end-to-end speedup computed in the page"},
+        ],
+    }
+
+
+def print_summary(summary: dict, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"attnlab explain: {summary['page']} ({summary['page_bytes']:,} bytes)")
+    table.add_column("section")
+    table.add_column("shows", justify="right")
+    table.add_column("scope / source")
+    for row in summary["sections"]:
+        table.add_row(row["section"], row["value"], row["scope"])
+    Console().print(table)
+    print("Open it in a browser; it works offline and loads nothing.")
+
+
+def run(args: argparse.Namespace) -> int:
+    _, summary = build_and_write(args.out, args.results)
+    print_summary(summary, as_json=args.json)
+    return 0
+
+
+def demo(out_dir: Path) -> None:
+    """`attnlab demo`: the page, as out_dir/explain.html."""
+    print("\n== explain: the interactive page ==")
+    _, summary = build_and_write(out_dir, DEFAULT_RESULTS, "explain.html")
+    print_summary(summary, as_json=False)

@@ -1,0 +1,497 @@
+"""`attnlab bench`, `attnlab kernels`, `attnlab ncu`: measured, proven, comparable.
+
+- ``bench``: prefill / decode / fwd+bwd sweeps over providers and lengths; every
+  point checked against the reference, its kernels listed, timed with CUDA events
+  (cold L2), upserted into ``bench/results/*.jsonl``, plotted.
+- ``kernels``: the kernels one provider call actually launched, their time, and
+  the share of time outside the matrix multiplies.
+- ``ncu``: Nsight Compute counters per kernel (DRAM bytes, duration, speed of light,
+  occupancy, registers, shared memory, instructions, warp stalls, grid vs SMs) and
+  the cache-aware prediction beside them; ``--parse`` reads a saved CSV (no GPU).
+
+Without a CUDA GPU (or without ncu for ``ncu``) the verbs say what they need and
+exit 2; they never print numbers they did not measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shlex
+import sys
+from pathlib import Path
+
+DEMO_ORDER = 50
+
+DEFAULT_RESULTS = Path("bench") / "results"
+DEFAULT_BENCH_FILE = DEFAULT_RESULTS / "bench.jsonl"
+DEFAULT_NCU_DIR = DEFAULT_RESULTS / "ncu"
+DEFAULT_NCU_RECORDS = DEFAULT_RESULTS / "ncu.jsonl"
+DEFAULT_PLOTS = DEFAULT_RESULTS / "plots"
+NCU_PROVIDERS = "eager,sdpa_flash,sdpa_cudnn,attnlab"
+NEEDS_CUDA = ("measurements need a CUDA GPU (torch.cuda.is_available() is False here); "
+              "committed results are in bench/results/")
+NEEDS_NCU = "needs Nsight Compute's ncu on PATH (or $NCU); not found"
+
+
+# ----- argument parsing (values checked here, so bad input is one line and exit 2) -------------
+def _int_list(text: str, name: str, minimum: int = 1) -> list[int]:
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated ints >= {minimum}, got {text!r}") from None
+    if not values or any(v < minimum for v in values):
+        raise ValueError(f"{name} must be comma-separated ints >= {minimum}, got {text!r}")
+    return values
+
+
+def _phases(text: str) -> list[str]:
+    from attnlab.measure.records import PHASES
+
+    phases = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in phases if p not in PHASES]
+    if not phases or bad:
+        raise ValueError(f"--phase must be comma-separated from {', '.join(PHASES)}, got {text!r}")
+    return phases
+
+
+def _window(text: str | None) -> tuple[int, int]:
+    if text is None:
+        return (-1, -1)
+    parts = text.split(",")
+    try:
+        left, right = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"--window must be LEFT,RIGHT (ints >= -1), got {text!r}") from None
+    return left, right
+
+
+def _add_shape_arguments(parser: argparse.ArgumentParser, *, causal_default: bool) -> None:
+    group = parser.add_argument_group("shape (defaults: the preset's)")
+    group.add_argument("--preset", default="lesson-8b",
+                       help="model preset giving heads, head dim and dtype (default: lesson-8b)")
+    group.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    group.add_argument("--kv-heads", type=int, default=None,
+                       help="KV heads (default: the preset's; fewer than query heads = GQA)")
+    group.add_argument("--head-dim", type=int, default=None, help="head dimension")
+    group.add_argument("--dtype", default=None, help="fp16, bf16, fp32 or fp64")
+    group.add_argument("--causal", action=argparse.BooleanOptionalAction, default=causal_default,
+                       help=f"bottom-right causal mask (default: {causal_default})")
+    group.add_argument("--window", default=None, help="sliding window LEFT,RIGHT (-1 = unbounded)")
+
+
+def _base_shape(args: argparse.Namespace, *, heads: int | None, seqlen: int = 4096):
+    from attnlab.shapes import preset
+
+    model = preset(args.preset)
+    query_heads = heads if heads is not None else model.query_heads
+    if args.kv_heads is not None:
+        kv_heads = args.kv_heads
+    else:
+        kv_heads = model.kv_heads if heads is None else heads
+    return model.shape(seqlen, batch=args.batch, causal=args.causal).replace(
+        query_heads=query_heads, kv_heads=kv_heads,
+        head_dim=args.head_dim or model.head_dim, dtype=args.dtype or model.dtype,
+        window=_window(args.window))
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _command_line(verb: str, argv_tail: list[str] | None = None) -> str:
+    tail = sys.argv[2:] if argv_tail is None else argv_tail
+    return shlex.join(["attnlab", verb, *tail])
+
+
+def _print_json(payload) -> None:
+    print(json.dumps(payload, indent=1, sort_keys=True, default=str))
+
+
+# ----- tables ------------------------------------------------------------------------------------
+def _kernel_summary(names: list[str]) -> str:
+    from attnlab.measure.dispatch import short_name
+
+    if not names:
+        return "-"
+    shown = ", ".join(short_name(n, 40) for n in names[:2])
+    return shown + (f" (+{len(names) - 2} more)" if len(names) > 2 else "")
+
+
+def records_table(records: list[dict], title: str):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in ("phase", "provider", "N", "median ms (p20-p80)", "TFLOP/s", "TB/s",
+                   "kernels that ran (or why not measured)"):
+        table.add_column(column, justify="right" if column in ("N", "TFLOP/s", "TB/s") else "left")
+    for r in records:
+        n = r["shape"].get("seqlen_k" if r["phase"] == "decode" else "seqlen_q", "")
+        if r["metric"] == "skipped":
+            table.add_row(r["phase"], r["provider"], str(n), "-", "-", "-", r["reason"])
+        else:
+            table.add_row(r["phase"], r["provider"], str(n),
+                          f"{r['p50']:.4f} ({r['p20']:.4f}-{r['p80']:.4f})",
+                          f"{r['tflops']:.1f}" if r["tflops"] is not None else "-",
+                          f"{r['tbps']:.2f}" if r["tbps"] is not None else "-",
+                          _kernel_summary(r["kernel_names"]))
+    return table
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=200)
+
+
+# ----- bench -------------------------------------------------------------------------------------
+def run_bench(args: argparse.Namespace) -> int:
+    from attnlab.measure import records as rec
+    from attnlab.measure.providers import parse_providers
+    from attnlab.measure.sweep import run_sweep
+    from attnlab.measure.timing import FLUSH_MODES
+
+    providers = parse_providers(args.providers)
+    phases = _phases(args.phase)
+    seqlens = _int_list(args.seqlens, "--seqlens")
+    base = _base_shape(args, heads=args.heads)
+    if args.flush not in FLUSH_MODES:
+        raise ValueError(f"--flush must be one of {', '.join(FLUSH_MODES)}, got {args.flush!r}")
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats must be an int >= 1, got {args.repeats}")
+    if not _cuda_available():
+        print(f"attnlab bench: {NEEDS_CUDA}", file=sys.stderr)
+        return 2
+    env = rec.environment(_command_line("bench"))
+    timing = {"flush": args.flush, "cuda_graph": args.cuda_graph, "target_ms": args.target_ms,
+              "repeats": args.repeats}
+    results = run_sweep(providers, phases, seqlens, base, device="cuda", env=env, timing=timing,
+                        out=args.out, progress=not args.json)
+    records = [r.record for r in results]
+    plots = []
+    if not args.no_plots and any(r["metric"] == "latency" for r in records):
+        from attnlab.measure.plots import plot_records
+
+        plots = plot_records(rec.load_records(args.out), args.plots)
+    if args.json:
+        _print_json({"records": records, "plots": [str(p) for p in plots]})
+        return 0
+    console = _console()
+    console.print(records_table(records, f"attnlab bench — {base.describe()} (lengths swept); "
+                                         f"{rec.describe_environment(env)}"))
+    console.print(f"records upserted into {args.out}" +
+                  (f"; plots in {args.plots}" if plots else ""))
+    return 0
+
+
+# ----- kernels -----------------------------------------------------------------------------------
+def run_kernels(args: argparse.Namespace) -> int:
+    from attnlab.measure.dispatch import profile_call, short_name
+    from attnlab.measure.providers import ProviderUnavailable, prepare, provider
+    from attnlab.measure.sweep import phase_shape
+
+    chosen = provider(args.provider)
+    phase = _phases(args.phase)
+    if len(phase) != 1:
+        raise ValueError(f"--phase takes one phase for `kernels`, got {args.phase!r}")
+    if args.seqlen < 1:
+        raise ValueError(f"--seqlen must be an int >= 1, got {args.seqlen}")
+    shape = phase_shape(_base_shape(args, heads=args.heads), phase[0], args.seqlen)
+    if not _cuda_available():
+        print(f"attnlab kernels: {NEEDS_CUDA}", file=sys.stderr)
+        return 2
+    call = prepare(chosen, shape, phase[0], "cuda")
+    inputs = call.inputs(seed=0)
+    try:
+        kernels = profile_call(call.call, inputs, trace_path=args.trace)
+    except RuntimeError as error:  # a pinned backend that refuses the shape fails loudly
+        raise ProviderUnavailable(f"{chosen.name} failed on {shape.describe()} ({phase[0]}): "
+                                  f"{' '.join(str(error).split())[:500]}") from None
+    if args.json:
+        _print_json({"provider": chosen.name, "phase": phase[0], "shape": shape.as_dict(),
+                     **kernels.as_dict()})
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"kernels launched by one {chosen.name} call — {shape.describe()} "
+                        f"({phase[0]})", title_justify="left")
+    for column in ("#", "kernel", "calls", "total µs", "mean µs", "GEMM"):
+        table.add_column(column, justify="left" if column == "kernel" else "right")
+    for i, k in enumerate(kernels.kernels, start=1):
+        table.add_row(str(i), short_name(k.name, 90), str(k.calls), f"{k.total_us:.1f}",
+                      f"{k.mean_us:.1f}", "yes" if k.is_gemm else "")
+    console = _console()
+    console.print(table)
+    console.print(f"{kernels.launches} launches, {len(kernels.kernels)} distinct kernels, "
+                  f"{kernels.total_us:.1f} µs of GPU time (profiled call); "
+                  f"{100 * kernels.outside_gemm_share:.1f}% of it outside matrix multiplies")
+    return 0
+
+
+# ----- ncu ---------------------------------------------------------------------------------------
+def _ncu_kernel_table(kernels, title: str):
+    from rich.table import Table
+
+    from attnlab.measure.dispatch import short_name
+
+    table = Table(title=title, title_justify="left")
+    for column in ("case", "kernel", "CTAs / SMs", "DRAM read MB", "DRAM write MB", "µs",
+                   "SOL comp %", "SOL mem %", "occup. %", "regs", "smem KiB", "inst M",
+                   "top stall (cycles/issue)"):
+        table.add_column(column, justify="left" if column in ("case", "kernel") else "right")
+
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    for k in kernels:
+        s = k.summary()
+        stalls = s["warp_stalls"]
+        top = next(iter(stalls.items()), None)
+        case = (k.case or "-").split("|window")[0]
+        table.add_row(
+            case, short_name(k.name, 48),
+            f"{fmt(s['grid_size'], 'd')} / {fmt(s['sms'], 'd')}",
+            fmt(None if s["dram_bytes_read"] is None else s["dram_bytes_read"] / 1e6, ",.2f"),
+            fmt(None if s["dram_bytes_write"] is None else s["dram_bytes_write"] / 1e6, ",.2f"),
+            fmt(None if s["duration_ns"] is None else s["duration_ns"] / 1e3, ",.1f"),
+            fmt(s["sol_compute_pct"], ".1f"), fmt(s["sol_memory_pct"], ".1f"),
+            fmt(s["achieved_occupancy_pct"], ".1f"), fmt(s["registers_per_thread"], "d"),
+            fmt(None if s["shared_bytes_per_block"] is None
+                else s["shared_bytes_per_block"] / 1024, ".1f"),
+            fmt(None if s["instructions"] is None else s["instructions"] / 1e6, ",.1f"),
+            "-" if top is None else f"{top[0]} {top[1]:.2f}")
+    return table
+
+
+def _comparisons(kernels):
+    from attnlab.measure.cache_model import PREDICTORS
+    from attnlab.measure.compare import compare_case
+    from attnlab.measure.ncu import group_by_case, parse_case_label
+
+    comparisons = []
+    for label, case_kernels in group_by_case(kernels).items():
+        try:
+            provider, _phase, shape = parse_case_label(label)
+        except (ValueError, KeyError, StopIteration):
+            continue  # a foreign label (e.g. the peer anchors'): no shape to predict from
+        if provider in PREDICTORS:
+            comparisons.append(compare_case(provider, shape, case_kernels))
+    return comparisons
+
+
+def _ncu_records(kernels, env: dict) -> list[dict]:
+    from attnlab.measure import records as rec
+    from attnlab.measure.dispatch import short_name
+    from attnlab.measure.ncu import group_by_case, parse_case_label
+
+    out = []
+    for label, case_kernels in group_by_case(kernels).items():
+        provider, phase, shape = parse_case_label(label)
+        for index, k in enumerate(case_kernels):
+            name = f"{index}:{short_name(k.name, 120)}"
+            for metric, unit, value in (("dram_bytes_read", "byte", k.dram_bytes_read),
+                                        ("dram_bytes_write", "byte", k.dram_bytes_write),
+                                        ("duration", "ns", k.duration_ns)):
+                if value is not None:
+                    out.append(rec.make_record(
+                        kernel=name, provider=provider, phase=phase, shape=shape, metric=metric,
+                        unit=unit, p20=value, p50=value, p80=value, repeats=1, env=env,
+                        kernel_names=[k.name]))
+    return out
+
+
+def _print_ncu_results(kernels, comparisons, title: str, as_json: bool) -> None:
+    from attnlab.measure.compare import markdown_table
+
+    if as_json:
+        _print_json({"kernels": [k.summary() for k in kernels],
+                     "comparisons": [c.as_dict() for c in comparisons]})
+        return
+    console = _console()
+    console.print(_ncu_kernel_table(kernels, title))
+    if comparisons:
+        console.print("\nDRAM bytes of one call (MB = 10^6 B): measured by ncu vs the "
+                      "cache-aware and logical models")
+        console.print(markdown_table(comparisons), markup=False)
+
+
+def run_ncu_verb(args: argparse.Namespace) -> int:
+    from attnlab.measure import ncu as ncu_module
+    from attnlab.measure.providers import parse_providers
+    from attnlab.measure.sweep import phase_shape
+
+    if args.parse is not None:
+        path = Path(args.parse)
+        if not path.is_file():
+            raise ValueError(f"--parse needs an ncu CSV file, got {args.parse!r}")
+        kernels = ncu_module.parse_csv(path)
+        _print_ncu_results(kernels, _comparisons(kernels), f"ncu counters from {path}",
+                           args.json)
+        return 0
+    providers = parse_providers(args.providers)
+    phase = _phases(args.phase)
+    if len(phase) != 1:
+        raise ValueError(f"--phase takes one phase for `ncu`, got {args.phase!r}")
+    seqlens = _int_list(args.seqlens, "--seqlens")
+    heads = _int_list(args.heads, "--heads")
+    cases = [(p.name, phase[0], phase_shape(_base_shape(args, heads=h), phase[0], n))
+             for p, h, n in itertools.product(providers, heads, seqlens)]
+    if not _cuda_available():
+        print(f"attnlab ncu: {NEEDS_CUDA} (and Nsight Compute's ncu)", file=sys.stderr)
+        return 2
+    ncu = ncu_module.find_ncu()
+    if ncu is None:
+        print(f"attnlab ncu: {NEEDS_NCU}", file=sys.stderr)
+        return 2
+    from attnlab.measure import records as rec
+    from attnlab.measure.compare import markdown_table
+
+    run = ncu_module.run_ncu(cases, args.out, ncu=ncu, timeout_s=args.timeout)
+    comparisons = _comparisons(run.kernels)
+    env = rec.environment(_command_line("ncu"))
+    rec.upsert_records(args.records, _ncu_records(run.kernels, env))
+    out = Path(args.out)
+    (out / "ncu_summary.json").write_text(json.dumps(
+        {"command": env["command"], "ncu_command": run.command, "metrics": run.metrics,
+         "notes": run.notes, "failed_cases": run.failed_cases,
+         "kernels": [k.summary() for k in run.kernels],
+         "comparisons": [c.as_dict() for c in comparisons]}, indent=1, default=str))
+    (out / "cache_model_vs_ncu.md").write_text(markdown_table(comparisons))
+    _print_ncu_results(run.kernels, comparisons, f"ncu counters — {rec.describe_environment(env)}",
+                       args.json)
+    for label, reason in run.failed_cases.items():
+        print(f"attnlab ncu: case {label} did not run: {reason}", file=sys.stderr)
+    for note in run.notes:
+        print(f"attnlab ncu: {note}", file=sys.stderr)
+    if not args.json:
+        print(f"raw CSV {run.raw_csv}; parsed {run.long_csv}; records in {args.records}")
+    return 1 if run.failed_cases else 0
+
+
+# ----- registration ------------------------------------------------------------------------------
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser(
+        "bench", help="time providers over sequence lengths (CUDA)",
+        description="Sweep providers over lengths for prefill / decode / fwdbwd: check each "
+                    "against the reference, list the kernels that ran, time with CUDA events "
+                    "(L2 flushed), upsert records and plot.")
+    bench.add_argument("--phase", default="prefill,decode",
+                       help="prefill, decode, fwdbwd (comma-separated; default prefill,decode)")
+    bench.add_argument("--providers", default="all",
+                       help="'all' or comma-separated provider names (see `attnlab kernels -h`)")
+    bench.add_argument("--seqlens", default="1024,2048,4096,8192,16384",
+                       help="sequence lengths (decode: KV lengths), comma-separated")
+    bench.add_argument("--heads", type=int, default=None, help="query heads (default: preset)")
+    _add_shape_arguments(bench, causal_default=True)
+    bench.add_argument("--repeats", type=int, default=None,
+                       help="timed calls per point (default: enough for --target-ms)")
+    bench.add_argument("--target-ms", type=float, default=100.0,
+                       help="timed work per point when --repeats is not given (default 100)")
+    bench.add_argument("--flush", default="l2", help="l2 (default), rotate or none")
+    bench.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays")
+    bench.add_argument("--out", type=Path, default=DEFAULT_BENCH_FILE,
+                       help=f"records file, upserted (default {DEFAULT_BENCH_FILE})")
+    bench.add_argument("--plots", type=Path, default=DEFAULT_PLOTS,
+                       help=f"folder for PNG/SVG plots (default {DEFAULT_PLOTS})")
+    bench.add_argument("--no-plots", action="store_true", help="do not write plots")
+    bench.add_argument("--json", action="store_true", help="print records as JSON")
+    bench.set_defaults(run=run_bench)
+
+    from attnlab.measure.providers import PROVIDERS
+
+    kernels = subparsers.add_parser(
+        "kernels", help="list the GPU kernels one provider call launched (CUDA)",
+        description="Run one provider call under torch.profiler and list the kernels that "
+                    f"actually ran. Providers: {', '.join(PROVIDERS)}.")
+    kernels.add_argument("--provider", required=True, help="one provider name")
+    kernels.add_argument("--phase", default="prefill", help="prefill, decode or fwdbwd")
+    kernels.add_argument("--seqlen", type=int, default=4096,
+                         help="sequence length (decode: KV length; default 4096)")
+    kernels.add_argument("--heads", type=int, default=None, help="query heads (default: preset)")
+    _add_shape_arguments(kernels, causal_default=False)
+    kernels.add_argument("--trace", type=Path, default=None,
+                         help="also save the profiler's Chrome trace here")
+    kernels.add_argument("--json", action="store_true", help="print the kernel list as JSON")
+    kernels.set_defaults(run=run_kernels)
+
+    ncu = subparsers.add_parser(
+        "ncu", help="Nsight Compute counters per kernel vs the cache-aware model (CUDA + ncu)",
+        description="Profile provider calls with ncu (--clock-control none) and report per "
+                    "kernel DRAM bytes, duration, speed of light, occupancy, registers, shared "
+                    "memory, instructions, warp stalls and grid vs SMs, beside the cache-aware "
+                    "and logical predictions.  --parse reads a saved CSV without a GPU.")
+    ncu.add_argument("--providers", default=NCU_PROVIDERS,
+                     help=f"comma-separated providers (default {NCU_PROVIDERS})")
+    ncu.add_argument("--phase", default="prefill", help="prefill or decode (default prefill)")
+    ncu.add_argument("--seqlens", default="4096", help="comma-separated lengths (default 4096)")
+    ncu.add_argument("--heads", default="32", help="comma-separated query-head counts "
+                                                    "(default 32; KV heads = heads unless "
+                                                    "--kv-heads)")
+    _add_shape_arguments(ncu, causal_default=False)
+    ncu.add_argument("--out", type=Path, default=DEFAULT_NCU_DIR,
+                     help=f"folder for the raw and parsed CSVs (default {DEFAULT_NCU_DIR})")
+    ncu.add_argument("--records", type=Path, default=DEFAULT_NCU_RECORDS,
+                     help=f"records file, upserted (default {DEFAULT_NCU_RECORDS})")
+    ncu.add_argument("--timeout", type=float, default=600.0, help="seconds for ncu (default 600)")
+    ncu.add_argument("--parse", default=None, help="parse this ncu CSV instead of profiling")
+    ncu.add_argument("--json", action="store_true", help="print kernels and comparisons as JSON")
+    ncu.set_defaults(run=run_ncu_verb)
+
+
+# ----- demo --------------------------------------------------------------------------------------
+def _committed_results() -> Path:
+    from attnlab.measure.records import repository_root
+
+    return repository_root() / DEFAULT_RESULTS
+
+
+def _summarise_committed(console) -> None:
+    from attnlab.measure.records import load_records
+
+    folder = _committed_results()
+    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    if not files:
+        console.print(f"  no committed records found under {folder}")
+        return
+    records = load_records(folder)
+    latency = [r for r in records if r["metric"] == "latency" and r["kernel"] == "call"]
+    console.print(f"  {len(records)} committed records in {len(files)} file(s) under {folder} "
+                  f"({len(latency)} latency rows; GPUs: "
+                  f"{', '.join(sorted({r['gpu'] for r in records}))})")
+    if latency:
+        def order(r):
+            return r["phase"], r["provider"], r["shape"]["seqlen_k"]
+
+        console.print(records_table(sorted(latency, key=order)[:40],
+                                    "committed latency records (first 40)"))
+
+
+def demo(out_dir: Path) -> None:
+    from attnlab.measure import records as rec
+    from attnlab.measure.providers import parse_providers
+    from attnlab.measure.sweep import run_sweep
+    from attnlab.shapes import preset
+
+    console = _console()
+    console.print("\n[bold]measure[/bold] — which kernels ran and how fast (attnlab bench)")
+    if not _cuda_available():
+        console.print(f"  {NEEDS_CUDA}")
+        _summarise_committed(console)
+        return
+    path = Path(out_dir) / "measure.jsonl"
+    env = rec.environment("attnlab demo")
+    providers = parse_providers("eager,sdpa,sdpa_flash,sdpa_cudnn,attnlab")
+    timing = {"target_ms": 30.0, "min_repeats": 5, "max_repeats": 50}
+    prefill = preset("lesson-8b").shape(4096, causal=True)
+    decode = prefill.replace(kv_heads=8)
+    results = run_sweep(providers, ["prefill"], [1024, 4096], prefill, device="cuda", env=env,
+                        timing=timing, out=path, progress=False)
+    results += run_sweep(providers, ["decode"], [4096, 16384], decode, device="cuda", env=env,
+                         timing=timing, out=path, progress=False)
+    console.print(records_table([r.record for r in results],
+                                f"lesson-8b layer, causal; decode with 8 KV heads — "
+                                f"{rec.describe_environment(env)}"))
+    console.print(f"  records: {path}")

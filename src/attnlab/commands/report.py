@@ -1,0 +1,171 @@
+"""`attnlab report`: a one-page latency attribution report (the lesson's exit task).
+
+Inputs: a workload FILE (YAML/JSON, schema in docs/report.md) or the built-in
+Document QA trace; ``--trace`` splits the proposal's segment by a torch.profiler
+Chrome trace; ``--records`` takes the kernel speedup from bench records;
+``--measure`` (CUDA) profiles a real prefill and checks the projection against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEMO_ORDER = 30
+DEMO_FOLDER = "report"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report", help="latency attribution: Amdahl's law across measurement boundaries",
+        description="Attribute one request's client TTFT to its serial segments, project a "
+                    "proposed kernel speedup through Amdahl's law inside its boundary and at "
+                    "the client, and write a one-page report (HTML, Markdown, JSON). With no "
+                    "FILE: the lesson's Document QA trace.")
+    parser.add_argument("file", nargs="?", type=Path, metavar="FILE",
+                        help="workload file, YAML or JSON (schema: docs/report.md)")
+    parser.add_argument("--trace", type=Path, metavar="CHROME_TRACE",
+                        help="torch.profiler Chrome trace of the prefill: its attention time "
+                             "share splits the proposal's segment")
+    parser.add_argument("--records", type=Path, metavar="PATH",
+                        help="bench/results JSONL file or folder: the kernel speedup measured "
+                             "for the workload's shape")
+    parser.add_argument("--kernel-speedup", type=float, metavar="S",
+                        help="kernel speedup to project instead of the file's")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="write report.html, report.md, report.json, waterfall.svg, "
+                             "workload.yaml here")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--measure", action="store_true",
+                        help="CUDA only: profile a small random-weight decoder's prefill, "
+                             "project the speedup of attnlab's kernel, then measure it")
+    parser.set_defaults(run=run)
+
+
+def build(args: argparse.Namespace) -> dict:
+    """The report dict for the parsed arguments (no printing)."""
+    from attnlab.report import attribution, records
+    from attnlab.report.trace import summarize_trace
+    from attnlab.report.workload import default_workload, load_workload
+
+    if args.measure:
+        if args.file or args.trace or args.records or args.kernel_speedup is not None:
+            raise ValueError("--measure builds its own workload; drop FILE, --trace, --records "
+                             "and --kernel-speedup")
+        from attnlab.report import measure
+
+        measure.require_cuda()
+        trace_dir = args.out if args.out else Path("attnlab-measure")
+        result = measure.run_measurement(trace_dir=trace_dir)
+        workload = measure.measurement_workload(result)
+        trace = attribution_trace(result)
+        return attribution.build_report(workload, trace=trace, measurement=result)
+
+    if args.records is not None and args.kernel_speedup is not None:
+        raise ValueError("--records and --kernel-speedup both give the kernel speedup; pass one")
+    workload = load_workload(args.file) if args.file else default_workload()
+    trace = found = None
+    if args.trace is not None:
+        trace = summarize_trace(args.trace, patterns=workload.trace_patterns)
+        workload = attribution.with_trace(workload, trace)
+    if args.records is not None:
+        found = records.kernel_speedup_from_records(records.load(args.records), workload)
+        workload = attribution.with_kernel_speedup(workload, found["kernel_speedup"],
+                                                   records.speedup_source(found))
+    if args.kernel_speedup is not None:
+        workload = attribution.with_kernel_speedup(workload, args.kernel_speedup,
+                                                   "given on the command line (--kernel-speedup)")
+    return attribution.build_report(workload, trace=trace, records=found)
+
+
+def attribution_trace(measurement: dict):
+    """The eager trace summary of a --measure run, rebuilt for the report's trace section."""
+    from attnlab.report.trace import summarize_trace
+
+    return summarize_trace(measurement["trace_files"][0])
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnlab.report.render import render_json, write_report
+
+    report = build(args)
+    for warning in report["warnings"]:
+        print(f"attnlab report: warning: {warning}", file=sys.stderr)
+    if args.json:
+        sys.stdout.write(render_json(report))
+    else:
+        print_summary(report)
+    if args.out:
+        paths = write_report(report, args.out)
+        if not args.json:
+            print(f"\nwritten: {', '.join(str(p) for p in paths.values())}")
+    return 0
+
+
+def print_summary(report: dict) -> None:
+    """The report's numbers as readable tables on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from attnlab.report.render import ms, narrative, pct, speedup, times
+
+    console = Console(highlight=False, width=max(100, Console().width))
+    console.print(f"[bold]{report['title']}[/bold]  (input: {report['origin']})")
+    segments = Table(title="Trace timings (this trace, serial critical path)", title_justify="left")
+    for column, justify in (("segment", "left"), ("source", "left"), ("ms", "right"),
+                            ("share of TTFT", "right"), ("parts", "left")):
+        segments.add_column(column, justify=justify)
+    for s in report["segments"]:
+        parts = ", ".join(f"{p['name']} {ms(p['ms'])} ({pct(p['share_of_segment'])})"
+                          for p in s["parts"])
+        segments.add_row(s["name"], s["source"] or "not stated", ms(s["ms"]),
+                         pct(s["share_of_ttft"]), parts)
+    segments.add_row("[bold]client TTFT[/bold]", "sum of segments",
+                     f"[bold]{ms(report['ttft']['segments_sum_ms'])}[/bold]", "100.0%", "")
+    console.print(segments)
+
+    seg, cli = report["segment_boundary"], report["client_boundary"]
+    proposal = report["proposal"]
+    amdahl = Table(title=f"Amdahl's law: S_kernel = {speedup(proposal['kernel_speedup'])} on "
+                         f"{proposal['affected']}", title_justify="left")
+    for column in ("boundary", "time share f", "before", "after", "speedup", "reduction"):
+        amdahl.add_column(column, justify="left" if column == "boundary" else "right")
+    amdahl.add_row(f"{seg['name']} (inside)", f"{seg['time_share']:.4f}", ms(seg["before_ms"]),
+                   ms(seg["after_ms"]), times(seg["speedup"]), pct(seg["reduction"], 2))
+    amdahl.add_row("client TTFT (this trace)", f"{cli['time_share']:.4f}", ms(cli["before_ms"]),
+                   ms(cli["after_ms"]), times(cli["speedup"]), pct(cli["reduction"], 2))
+    console.print(amdahl)
+
+    text = narrative(report)
+    console.print("[bold]Observations[/bold]")
+    for line in text["observations"]:
+        console.print(f"  - {line}")
+    console.print("[bold]Boundary errors[/bold]")
+    for item in text["errors"]:
+        console.print(f"  - {item['title']}: {item['text']}")
+    if text["measurement"]:
+        console.print("[bold]Predicted vs measured[/bold]")
+        for line in text["measurement"]:
+            console.print(f"  - {line}")
+
+
+def demo(out_dir: Path) -> None:
+    """The lesson's Document QA report, written to out_dir/report/."""
+    from attnlab.report.attribution import build_report
+    from attnlab.report.render import ms, pct, times, write_report
+    from attnlab.report.workload import default_workload
+
+    report = build_report(default_workload())
+    paths = write_report(report, out_dir / DEMO_FOLDER)
+    seg, cli = report["segment_boundary"], report["client_boundary"]
+    wrong = report["boundary_errors"]["kernel_speedup_on_ttft"]["wrong_ttft_ms"]
+    flop = report["boundary_errors"]["flop_share_for_time_share"]
+    print("\n== report: latency attribution (the lesson's Document QA trace) ==")
+    print(f"prefill  {ms(seg['before_ms'])} -> {ms(seg['after_ms'])}  {times(seg['speedup'])}  "
+          f"({pct(seg['reduction'], 2)} less)")
+    print(f"TTFT     {ms(cli['before_ms'])} -> {ms(cli['after_ms'])}  {times(cli['speedup'])}  "
+          f"({pct(cli['reduction'], 2)} less)")
+    print(f"errors   kernel speedup on TTFT would claim {ms(wrong)}; FLOP share "
+          f"{pct(flop['flop_share'])} vs time share {pct(flop['time_share'])}")
+    print(f"page     {paths['report.html']}")

@@ -1,0 +1,186 @@
+"""Predicted vs measured DRAM bytes, side by side: logical model, cache-aware model, ncu.
+
+A case is one provider call on one shape; its measured kernels come from ncu (the
+kernels inside the case's NVTX range), its predictions from
+:mod:`attnlab.measure.cache_model` and the logical model.  Kernels are matched to
+predictions by role (GEMM, scale, mask, softmax, attention, split, combine) in
+launch order; measured kernels the provider's model does not contain (e.g. the
+mask *construction* of an eager call that builds its mask inside the call) are
+listed and left out of the compared total, never silently.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from attnlab.measure import cache_model
+from attnlab.measure.dispatch import is_gemm
+from attnlab.measure.ncu import NcuKernel
+from attnlab.shapes import AttentionShape
+
+# The goal of issue 5: the cache-aware estimate within 15% of measured DRAM bytes.
+GOAL_RELATIVE_ERROR = 0.15
+
+_ROLE_PATTERNS = (
+    ("combine", re.compile(r"combine", re.I)),
+    ("split_kv", re.compile(r"splitkv|split_kv", re.I)),
+    ("attention", re.compile(r"flash|fmha|sdpa|attn|attention|cudnn", re.I)),
+    ("scale", re.compile(r"MulFunctor", re.I)),
+    ("mask", re.compile(r"masked_fill", re.I)),
+    ("softmax", re.compile(r"softmax", re.I)),
+    ("mask_build", re.compile(r"FillFunctor|triu_tril|bitwise_not", re.I)),
+)
+
+
+def kernel_role(name: str, gemm_index: int = 0) -> str:
+    """What a measured kernel does, from its name; GEMMs by launch order (QK^T, then PV)."""
+    if is_gemm(name):
+        return "gemm_qk" if gemm_index == 0 else "gemm_pv"
+    for role, pattern in _ROLE_PATTERNS:
+        if pattern.search(name):
+            return role
+    return "other"
+
+
+def measured_roles(kernels: Sequence[NcuKernel]) -> list[str]:
+    roles, gemms = [], 0
+    for kernel in kernels:
+        role = kernel_role(kernel.name, gemms)
+        gemms += role.startswith("gemm")
+        roles.append(role)
+    return roles
+
+
+@dataclass
+class KernelPair:
+    role: str
+    measured: NcuKernel | None
+    predicted: cache_model.PredictedKernel | None
+
+
+@dataclass
+class CaseComparison:
+    provider: str
+    shape: AttentionShape
+    pairs: list[KernelPair]
+    logical_bytes: int | None
+    logical_note: str
+    unmodelled: list[NcuKernel] = field(default_factory=list)
+
+    @property
+    def measured_read(self) -> int:
+        return sum(p.measured.dram_bytes_read or 0 for p in self.pairs if p.measured)
+
+    @property
+    def measured_write(self) -> int:
+        return sum(p.measured.dram_bytes_write or 0 for p in self.pairs if p.measured)
+
+    @property
+    def measured_total(self) -> int:
+        return self.measured_read + self.measured_write
+
+    @property
+    def predicted_read(self) -> int:
+        return sum(p.predicted.read_bytes for p in self.pairs if p.predicted)
+
+    @property
+    def predicted_write(self) -> int:
+        return sum(p.predicted.write_bytes for p in self.pairs if p.predicted)
+
+    @property
+    def predicted_total(self) -> int:
+        return self.predicted_read + self.predicted_write
+
+    @property
+    def relative_error(self) -> float:
+        """(predicted - measured) / measured, over the kernels both sides contain."""
+        return (self.predicted_total - self.measured_total) / self.measured_total
+
+    @property
+    def logical_relative_error(self) -> float | None:
+        if self.logical_bytes is None:
+            return None
+        return (self.logical_bytes - self.measured_total) / self.measured_total
+
+    @property
+    def kernels_match(self) -> bool:
+        return all(p.measured is not None and p.predicted is not None for p in self.pairs)
+
+    @property
+    def meets_goal(self) -> bool:
+        return self.kernels_match and abs(self.relative_error) <= GOAL_RELATIVE_ERROR
+
+    def as_dict(self) -> dict:
+        return {
+            "provider": self.provider, "shape": self.shape.as_dict(),
+            "measured_read_bytes": self.measured_read,
+            "measured_write_bytes": self.measured_write,
+            "predicted_read_bytes": self.predicted_read,
+            "predicted_write_bytes": self.predicted_write,
+            "relative_error": self.relative_error, "meets_goal": self.meets_goal,
+            "kernels_match": self.kernels_match,
+            "logical_bytes": self.logical_bytes, "logical_note": self.logical_note,
+            "logical_relative_error": self.logical_relative_error,
+            "kernels": [{"role": p.role,
+                         "measured": None if p.measured is None else p.measured.name,
+                         "measured_read_bytes": p.measured.dram_bytes_read if p.measured else None,
+                         "measured_write_bytes": p.measured.dram_bytes_write if p.measured
+                         else None,
+                         "predicted": None if p.predicted is None else p.predicted.as_dict()}
+                        for p in self.pairs],
+            "unmodelled_kernels": [k.name for k in self.unmodelled],
+        }
+
+
+def compare_case(provider: str, shape: AttentionShape, kernels: Sequence[NcuKernel],
+                 hw: cache_model.CacheHardware = cache_model.H200) -> CaseComparison:
+    """Pair a case's measured kernels with the cache model's prediction, role by role."""
+    predicted = cache_model.predict(provider, shape, hw)
+    roles = measured_roles(kernels)
+    pairs: list[KernelPair] = []
+    unmodelled: list[NcuKernel] = []
+    remaining = list(zip(roles, kernels, strict=True))
+    for prediction in predicted:
+        index = next((i for i, (role, _) in enumerate(remaining) if role == prediction.role),
+                     None)
+        if index is None:
+            pairs.append(KernelPair(prediction.role, None, prediction))
+            continue
+        role, kernel = remaining.pop(index)
+        pairs.append(KernelPair(role, kernel, prediction))
+    unmodelled = [kernel for _, kernel in remaining]
+    try:
+        logical, note = cache_model.logical_bytes(provider, shape, hw)
+    except (ImportError, ValueError) as error:
+        logical, note = None, f"logical model unavailable: {error}"
+    return CaseComparison(provider, shape, pairs, logical, note, unmodelled)
+
+
+def _mb(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 1e6:,.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:+.1f}%"
+
+
+def markdown_table(comparisons: Sequence[CaseComparison]) -> str:
+    """The predicted-vs-measured table (MB = 10^6 bytes, DRAM, one call, all heads)."""
+    lines = [
+        "| provider | shape | kernels | measured R / W (MB) | cache-aware R / W (MB) | "
+        "cache-aware error | logical (MB) | logical error | within 15% |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        kernels = " + ".join(p.role for p in c.pairs)
+        if c.unmodelled:
+            kernels += f" (not modelled: {len(c.unmodelled)})"
+        lines.append(
+            f"| {c.provider} | {c.shape.describe()} | {kernels} | "
+            f"{_mb(c.measured_read)} / {_mb(c.measured_write)} | "
+            f"{_mb(c.predicted_read)} / {_mb(c.predicted_write)} | {_pct(c.relative_error)} | "
+            f"{_mb(c.logical_bytes)} | {_pct(c.logical_relative_error)} | "
+            f"{'yes' if c.meets_goal else 'NO'} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,294 @@
+"""Measured records: one JSON object per line under ``bench/results/*.jsonl``.
+
+Every record is one measurement of one thing (long, tidy format) and carries what
+it takes to reproduce and to trust it: the exact shape, the provider and the
+kernels that actually ran, the statistic and its repeats, the machine and software
+versions, the git commit, the time, and the command that reproduces it.
+
+Keys (the contract every reader relies on)::
+
+    kernel, provider, phase, shape, metric, unit, p20, p50, p80, repeats,
+    tflops, tbps, kernel_names, gpu, torch, triton, driver, git_commit,
+    timestamp, command
+
+``kernel`` names what was measured: ``"call"`` for a whole provider call (all the
+kernels it launched, listed in ``kernel_names``), or one kernel's short name for
+per-kernel rows (``attnlab ncu``).  A provider that could not run is recorded too,
+as ``metric="skipped"`` with its ``reason`` (the only optional key) and no numbers,
+so "not measured" is never confused with "forgotten".
+
+Writing is an upsert: a record replaces the stored one with the same key
+``(kernel, provider, phase, shape, metric, gpu)``, so re-running a command updates
+its rows instead of duplicating them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from attnlab.shapes import AttentionShape
+
+PHASES = ("prefill", "decode", "fwdbwd")
+RECORD_KEYS = (
+    "kernel", "provider", "phase", "shape", "metric", "unit", "p20", "p50", "p80", "repeats",
+    "tflops", "tbps", "kernel_names", "gpu", "torch", "triton", "driver", "git_commit",
+    "timestamp", "command",
+)
+OPTIONAL_KEYS = ("reason",)
+KEY_FIELDS = ("kernel", "provider", "phase", "shape", "metric", "gpu")
+ENVIRONMENT_KEYS = ("gpu", "torch", "triton", "driver", "git_commit", "timestamp", "command")
+SKIPPED = "skipped"
+# Where committed results live, relative to the repository root.
+RESULTS_DIR = Path("bench") / "results"
+
+
+# ----- environment -----------------------------------------------------------------------
+def _run_quiet(argv: list[str], cwd: Path | None = None) -> str | None:
+    """stdout of a short helper command, or None when it is missing or fails."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=10,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def repository_root() -> Path:
+    """The checkout this package runs from (src/attnlab/measure -> three levels up)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def git_commit() -> str:
+    """HEAD of the checkout, with ``-dirty`` when tracked files differ from it.
+
+    A copy of the tree without ``.git`` (the GPU machine gets one) reports that
+    plainly unless ``ATTNLAB_GIT_COMMIT`` names the commit it was copied from.
+    """
+    override = os.environ.get("ATTNLAB_GIT_COMMIT")
+    if override:
+        return override
+    root = repository_root()
+    head = _run_quiet(["git", "rev-parse", "HEAD"], cwd=root)
+    if head is None:
+        return "unknown (no git checkout; set ATTNLAB_GIT_COMMIT)"
+    dirty = _run_quiet(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    return head + ("-dirty" if dirty else "")
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver version from nvidia-smi; None on a machine without one."""
+    out = _run_quiet(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return out.splitlines()[0].strip() if out else None
+
+
+def gpu_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.cuda.current_device())
+    return "cpu"
+
+
+def triton_version() -> str:
+    try:
+        import triton
+    except ImportError:
+        return "not installed"
+    return triton.__version__
+
+
+def timestamp_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def environment(command: str) -> dict:
+    """The machine/software part of a record, captured once per run."""
+    import torch
+
+    if not isinstance(command, str) or not command.strip():
+        raise ValueError(f"command must be the non-empty command that reproduces the "
+                         f"measurement, got {command!r}")
+    return {
+        "gpu": gpu_name(),
+        "torch": torch.__version__,
+        "triton": triton_version(),
+        "driver": driver_version() if torch.cuda.is_available() else None,
+        "git_commit": git_commit(),
+        "timestamp": timestamp_now(),
+        "command": command,
+    }
+
+
+# ----- building and checking records -------------------------------------------------------
+def _check_number(value: object, name: str, *, allow_none: bool) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or math.isinf(value):
+        raise ValueError(f"{name} must be a finite number{' or None' if allow_none else ''}, "
+                         f"got {value!r}")
+    return float(value)
+
+
+def _check_shape_field(shape: object) -> dict:
+    if isinstance(shape, AttentionShape):
+        return shape.as_dict()
+    if not isinstance(shape, dict):
+        raise TypeError(f"shape must be an AttentionShape or its as_dict(), got "
+                        f"{type(shape).__name__}")
+    if shape:  # {} is allowed for records that are not attention calls (ceilings)
+        AttentionShape.from_dict(shape)
+    return dict(shape)
+
+
+def validate_record(record: dict) -> dict:
+    """The record itself if it follows the contract; ValueError/TypeError naming the key."""
+    if not isinstance(record, dict):
+        raise TypeError(f"a record must be a dict, got {type(record).__name__}")
+    missing = [k for k in RECORD_KEYS if k not in record]
+    unknown = [k for k in record if k not in RECORD_KEYS and k not in OPTIONAL_KEYS]
+    if missing or unknown:
+        raise ValueError(f"record keys must be {list(RECORD_KEYS)} (+ optional "
+                         f"{list(OPTIONAL_KEYS)}); missing {missing}, unknown {unknown}")
+    if record["phase"] not in PHASES:
+        raise ValueError(f"phase must be one of {list(PHASES)}, got {record['phase']!r}")
+    for key in ("kernel", "provider", "metric", "unit", "gpu", "torch", "triton", "git_commit",
+                "timestamp", "command"):
+        if not isinstance(record[key], str) or not record[key]:
+            raise ValueError(f"{key} must be a non-empty string, got {record[key]!r}")
+    record["shape"] = _check_shape_field(record["shape"])
+    skipped = record["metric"] == SKIPPED
+    for key in ("p20", "p50", "p80"):
+        _check_number(record[key], key, allow_none=skipped)
+    if skipped:
+        if not isinstance(record.get("reason"), str) or not record["reason"]:
+            raise ValueError("a skipped record needs a non-empty 'reason'")
+    else:
+        if "reason" in record:
+            raise ValueError("'reason' belongs only to metric='skipped' records")
+        if not record["p20"] <= record["p50"] <= record["p80"]:
+            raise ValueError(f"percentiles must be ordered p20 <= p50 <= p80, got "
+                             f"{record['p20']}, {record['p50']}, {record['p80']}")
+    for key in ("tflops", "tbps"):
+        _check_number(record[key], key, allow_none=True)
+    repeats = record["repeats"]
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
+        raise ValueError(f"repeats must be an int >= 0, got {repeats!r}")
+    names = record["kernel_names"]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"kernel_names must be a list of strings, got {names!r}")
+    if record["driver"] is not None and not isinstance(record["driver"], str):
+        raise TypeError(f"driver must be a string or None, got {record['driver']!r}")
+    return record
+
+
+def make_record(*, kernel: str, provider: str, phase: str, shape, metric: str, unit: str,
+                p20: float | None, p50: float | None, p80: float | None, repeats: int,
+                env: dict, tflops: float | None = None, tbps: float | None = None,
+                kernel_names: Iterable[str] = (), reason: str | None = None) -> dict:
+    """One validated record; ``env`` comes from :func:`environment`."""
+    if isinstance(kernel_names, str):
+        raise TypeError(f"kernel_names must be a list of strings, got the string {kernel_names!r}")
+    missing = [k for k in ENVIRONMENT_KEYS if k not in env]
+    if missing:
+        raise ValueError(f"env must hold {list(ENVIRONMENT_KEYS)} (use environment()); "
+                         f"missing {missing}")
+    record = {
+        "kernel": kernel, "provider": provider, "phase": phase, "shape": shape,
+        "metric": metric, "unit": unit, "p20": p20, "p50": p50, "p80": p80,
+        "repeats": repeats, "tflops": tflops, "tbps": tbps,
+        "kernel_names": list(kernel_names),
+        **{k: env[k] for k in ENVIRONMENT_KEYS},
+    }
+    if reason is not None:
+        record["reason"] = reason
+    return validate_record(record)
+
+
+def skipped_record(*, provider: str, phase: str, shape, reason: str, env: dict,
+                   kernel: str = "call") -> dict:
+    """The record of a provider that could not run, with the reason it gave."""
+    return make_record(kernel=kernel, provider=provider, phase=phase, shape=shape,
+                       metric=SKIPPED, unit="reason", p20=None, p50=None, p80=None, repeats=0,
+                       env=env, reason=reason)
+
+
+def record_key(record: dict) -> tuple:
+    """The upsert key: (kernel, provider, phase, shape as canonical JSON, metric, gpu)."""
+    return tuple(json.dumps(record[k], sort_keys=True) if k == "shape" else record[k]
+                 for k in KEY_FIELDS)
+
+
+# ----- files ----------------------------------------------------------------------------------
+def _read_jsonl(path: Path) -> list[dict]:
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not a JSON line ({error.msg})") from None
+            try:
+                records.append(validate_record(record))
+            except (ValueError, TypeError) as error:
+                raise ValueError(f"{path}:{number}: {error}") from None
+    return records
+
+
+def load_records(path_or_dir: str | Path) -> list[dict]:
+    """Every record of one ``.jsonl`` file, or of all ``*.jsonl`` files in a folder (sorted)."""
+    path = Path(path_or_dir)
+    if path.is_dir():
+        records = []
+        for file in sorted(path.glob("*.jsonl")):
+            records.extend(_read_jsonl(file))
+        return records
+    if not path.exists():
+        raise ValueError(f"no records at {path}: expected a .jsonl file or a folder of them")
+    return _read_jsonl(path)
+
+
+def upsert_records(path: str | Path, records: Iterable[dict]) -> tuple[int, int]:
+    """Write records into ``path`` (created if missing), replacing those with the same key.
+
+    Stored order is kept; replaced records stay in place, new ones are appended.
+    Returns (added, replaced).  The file is rewritten atomically.
+    """
+    path = Path(path)
+    stored = _read_jsonl(path) if path.exists() else []
+    index = {record_key(r): i for i, r in enumerate(stored)}
+    added = replaced = 0
+    for record in records:
+        validate_record(record)
+        key = record_key(record)
+        if key in index:
+            stored[index[key]] = record
+            replaced += 1
+        else:
+            index[key] = len(stored)
+            stored.append(record)
+            added += 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in stored),
+                   encoding="utf-8")
+    tmp.replace(path)
+    return added, replaced
+
+
+def describe_environment(env: dict) -> str:
+    """One line for table captions: where and with what the numbers were measured."""
+    return (f"{env['gpu']} | torch {env['torch']} | triton {env['triton']} | "
+            f"driver {env['driver'] or 'n/a'} | commit {env['git_commit'][:12]} | "
+            f"{env['timestamp']}")

@@ -1,0 +1,391 @@
+"""The explainer page in a real browser: Debian's headless Chromium, driven by Playwright.
+
+What a reader sees must be what Python computed: the slider shows the memory model's
+strings, the walk ends at the reference's output, the causal grid is the reference
+tile plan, and the page's one formula (Amdahl) equals attnlab.model.amdahl at every
+slider stop.  The page must load nothing but itself and log no console error.
+
+Screenshots of every section go to tests/artifacts/ (git-ignored); with
+ATTNLAB_UPDATE_DOCS_IMG=1 they are also copied to docs/img/ for the README.
+Needs /usr/bin/chromium (``apt-get install -y chromium``) and the ``playwright`` pip
+package; never ``playwright install`` (no browser download).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnlab.explain import build_page_data, write_page
+from attnlab.explain.units import format_bytes
+from attnlab.model import amdahl, memory
+from attnlab.shapes import PRESETS, AttentionShape
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+REPOSITORY = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPOSITORY / "tests" / "artifacts"
+DOCS_IMG = REPOSITORY / "docs" / "img"
+SECTIONS = ("how", "tile-walk", "bytes", "how-much", "amdahl")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(),
+                       reason="Debian's chromium is not at /usr/bin/chromium "
+                              "(apt-get install -y chromium)"),
+]
+
+
+# ----------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def browser():
+    # Imported here so that a machine without Chromium skips before needing Playwright;
+    # with Chromium present, a missing playwright package is an error, not a skip.
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def page_data() -> dict:
+    # The committed records, exactly as `attnlab explain` run from the repository root reads
+    # them (the page names the folder it read, so build it from there).
+    here = Path.cwd()
+    os.chdir(REPOSITORY)
+    try:
+        return build_page_data(Path("bench") / "results")
+    finally:
+        os.chdir(here)
+
+
+@pytest.fixture(scope="module")
+def page_url(tmp_path_factory, page_data) -> str:
+    return write_page(tmp_path_factory.mktemp("explain"), page_data).as_uri()
+
+
+class OpenPage:
+    """A browser tab on one page, recording console messages, page errors and requests."""
+
+    def __init__(self, browser, url: str):
+        self.url = url
+        self.context = browser.new_context(viewport={"width": 1100, "height": 900})
+        self.page = self.context.new_page()
+        self.console: list[tuple[str, str]] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.console.append((m.type, m.text)))
+        self.page.on("pageerror", lambda e: self.console.append(("pageerror", str(e))))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(url)
+
+    def text(self, selector: str) -> str:
+        return self.page.locator(selector).inner_text()
+
+    def problems(self) -> list[tuple[str, str]]:
+        return [m for m in self.console if m[0] in ("error", "warning", "pageerror")]
+
+
+@pytest.fixture()
+def tab(browser, page_url):
+    opened = OpenPage(browser, page_url)
+    yield opened
+    assert opened.problems() == [], "the page logged errors"
+    assert set(opened.requests) == {page_url}, "the page requested something besides itself"
+    opened.context.close()
+
+
+def _slider_to(tab: OpenPage, selector: str, index: int) -> None:
+    """Move a range slider with the keyboard, as a reader would."""
+    slider = tab.page.locator(selector)
+    slider.focus()
+    slider.press("Home")
+    for _ in range(index):
+        slider.press("ArrowRight")
+    assert slider.input_value() == str(index)
+
+
+def _slider_set(tab: OpenPage, selector: str, index: int) -> None:
+    """Set a range slider directly (fires the same input event as dragging)."""
+    slider = tab.page.locator(selector)
+    slider.fill(str(index))
+    assert slider.input_value() == str(index)
+
+
+# ----------------------------------------------------------------- loading
+def test_page_loads_with_no_errors_and_no_requests(browser, page_url):
+    opened = OpenPage(browser, page_url)
+    opened.page.wait_for_load_state("networkidle")
+    assert opened.problems() == []
+    assert opened.requests == [page_url]
+    assert opened.page.title().startswith("Where FlashAttention")
+    opened.context.close()
+
+
+# ----------------------------------------------------------------- 1. memory slider
+@pytest.mark.parametrize(("seqlen", "expected"), [(2048, "384 MiB"), (8192, "6 GiB")])
+def test_memory_slider_shows_the_memory_model(tab, seqlen, expected):
+    gqa = PRESETS["qwen-gqa"]
+    model_text = format_bytes(memory.score_matrix_bytes(gqa.shape(seqlen), gqa.score_dtype))
+    assert model_text == expected  # the post's numbers, from the Python model
+    tab.page.select_option("#memory-preset", "qwen-gqa")
+    stops = [512 * 2 ** k for k in range(9)]
+    _slider_to(tab, "#memory-seqlen", stops.index(seqlen))
+    assert tab.text("#memory-s-text") == model_text
+    assert tab.text("#memory-seqlen-label") == f"{seqlen // 1024}k"
+    assert tab.text("#memory-tile-text") == "32 KiB"
+
+
+def test_memory_slider_every_stop_every_preset(tab, page_data):
+    for preset in page_data["memory"]["presets"]:
+        tab.page.select_option("#memory-preset", preset["name"])
+        model = PRESETS[preset["name"]]
+        _slider_to(tab, "#memory-seqlen", 0)
+        for index, stop in enumerate(page_data["memory"]["stops"]):
+            if index:
+                tab.page.locator("#memory-seqlen").press("ArrowRight")
+            layer = memory.score_matrix_bytes(model.shape(stop["seqlen"]), model.score_dtype)
+            assert tab.text("#memory-s-text") == format_bytes(layer)
+            assert tab.text("#memory-sp-text") == format_bytes(2 * layer)
+            assert tab.text("#memory-layers-text") == format_bytes(layer * model.attention_layers)
+            assert tab.text("#memory-tile-text") == format_bytes(
+                memory.score_tile_bytes(128, 64, model.score_dtype))
+
+
+# ----------------------------------------------------------------- 2a. online walk
+def _full_row_output(scores, values) -> float:
+    weights = [math.exp(s) for s in scores]
+    return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
+
+
+def test_walk_reaches_the_full_row_softmax_and_resets(tab):
+    expected = _full_row_output([1, 3, 0, 2], [10, 20, 30, 40])
+    start = {cell: tab.text(f"#walk-{cell}") for cell in ("m", "l", "a", "o")}
+    assert start == {"m": "\u2212\u221e", "l": "0", "a": "0", "o": "\u2014"}
+    assert tab.page.locator("#walk-result").is_hidden()
+    for _ in range(4):
+        tab.page.click('#walk [data-action="forward"]')
+    assert tab.text("#walk-o") == f"{expected:.4f}"
+    assert float(tab.text("#walk-o")) == pytest.approx(24.19, abs=0.005)
+    assert tab.page.locator("#walk-result").is_visible()
+    assert "24.19" in tab.text("#walk-result")
+    assert tab.page.locator('#walk [data-action="forward"]').is_disabled()
+    assert tab.page.locator('#walk-keys [data-state="folded"]').count() == 3
+    tab.page.click('#walk [data-action="reset"]')
+    assert {cell: tab.text(f"#walk-{cell}") for cell in ("m", "l", "a", "o")} == start
+    assert tab.page.locator("#walk-result").is_hidden()
+    assert tab.page.locator('#walk-keys [data-state="waiting"]').count() == 4
+
+
+def test_walk_is_keyboard_operable(tab):
+    walk = tab.page.locator("#walk")
+    walk.focus()
+    for _ in range(2):
+        walk.press("ArrowRight")
+    # Key 2 raised the max from 1 to 3: rescale by e^-2.
+    assert tab.text("#walk-m") == "3"
+    assert tab.text("#walk-alpha") == f"{math.exp(-2):.4f}"
+    walk.press("ArrowLeft")
+    assert tab.text("#walk-m") == "1"
+    walk.press("End")
+    assert tab.text("#walk-o") == f"{_full_row_output([1, 3, 0, 2], [10, 20, 30, 40]):.4f}"
+    walk.press("Home")
+    assert tab.text("#walk-m") == "\u2212\u221e"
+
+
+def test_walk_play_runs_to_the_end(tab):
+    tab.page.click('#walk [data-action="play"]')
+    assert tab.text('#walk [data-action="play"]') == "Pause"
+    tab.page.wait_for_selector("#walk-result", state="visible", timeout=10_000)
+    assert tab.text('#walk [data-action="play"]') == "Play"
+    assert "24.19" in tab.text("#walk-result")
+
+
+# ----------------------------------------------------------------- 2b. causal grid
+def test_exercise_4_marks_tiles_9_and_10_masked(tab):
+    tab.page.click("#exercise-4")
+    assert tab.text("#block-step-label") == "query tile 5 of 32"
+    states = tab.page.eval_on_selector_all(
+        '#block-grid rect[data-q="5"]', "cells => cells.map(c => c.dataset.state)")
+    assert len(states) == 64
+    assert states[8:10] == ["masked", "masked"]  # tiles 9 and 10, 1-based
+    assert states[:8] == ["full"] * 8 and states[10:] == ["skipped"] * 54
+    assert tab.page.locator('#block-grid g.current[data-q="5"]').count() == 1
+    assert "9, 10" in tab.text("#block-row-summary")
+    assert tab.page.locator("#exercise-answer").is_visible()
+
+
+def test_block_walk_steps_with_the_keyboard_and_new_tile_sizes(tab):
+    tab.page.select_option("#block-m", "64")
+    tab.page.select_option("#block-n", "128")
+    tab.page.select_option("#block-seqlen", "1000")
+    grid = tab.page.locator("#block-walk")
+    grid.focus()
+    grid.press("End")
+    # N = 1000, B_r = 64: 16 query tiles; B_c = 128: 8 KV tiles, the last one ragged.
+    assert tab.text("#block-step-label") == "query tile 16 of 16"
+    assert "1,000 key rows" in tab.text("#block-row-counts")
+    assert tab.page.locator("#block-grid rect.tile").count() == 16 * 8
+    grid.press("Home")
+    assert tab.text("#block-step-label") == "query tile 1 of 16"
+
+
+# ----------------------------------------------------------------- 3. bytes
+def test_bytes_section_labels_the_cross_condition_ratio_invalid(tab):
+    ratios = tab.page.locator("#bytes .ratio")
+    assert ratios.count() == 3
+    assert ratios.nth(0).locator(".ratio-value").inner_text() == "2.00\u00d7"
+    assert ratios.nth(1).locator(".ratio-value").inner_text() == "1.94\u00d7"
+    invalid = tab.page.locator('#bytes .ratio[data-valid="false"]')
+    assert invalid.count() == 1
+    assert invalid.locator(".ratio-value").inner_text() == "3.77\u00d7"
+    assert invalid.locator(".invalid-badge").is_visible()
+    assert invalid.locator(".invalid-badge").inner_text().lower() == "invalid"
+    bars = tab.page.locator("#bytes .bar-row .bar-value")
+    assert [bars.nth(k).inner_text().split(" (")[0] for k in range(4)] == [
+        "132.00 MiB", "66.00 MiB", "68.00 MiB", "35.00 MiB"]
+
+
+# ----------------------------------------------------------------- 5. Amdahl
+def test_amdahl_formula_in_js_equals_python_at_every_stop(tab, page_data):
+    section = page_data["amdahl"]
+    shares = [s["value"] for s in section["time_share_stops"]]
+    speedups = [s["value"] for s in section["kernel_speedup_stops"]]
+    layers = [s["value"] for s in section["layer_share_stops"]]
+    flop_shares = [p["share"] for p in section["flop_share"]["prompts"]]
+    # One string per formula: fast to carry back, and repr-exact for doubles.
+    computed = tab.page.evaluate("""() => {
+        const page = window.attnlabExplain, d = page.data.amdahl;
+        const shares = d.time_share_stops.map(s => s.value);
+        const speedups = d.kernel_speedup_stops.map(s => s.value);
+        const layers = d.layer_share_stops.map(s => s.value);
+        const flops = d.flop_share.prompts.map(p => p.share);
+        const layer = [], reduction = [], whole = [], trap = [];
+        for (const f of shares) for (const s of speedups) {
+            const x = page.amdahlSpeedup(f, s);
+            layer.push(x); reduction.push(page.latencyReductionPercent(x));
+        }
+        for (const g of layers) for (const f of shares) for (const s of speedups)
+            whole.push(page.endToEndSpeedup(g, f, s));
+        for (const f of flops) for (const s of speedups) trap.push(page.amdahlSpeedup(f, s));
+        return [layer, reduction, whole, trap].map(a => a.join(","));
+    }""")
+    layer, reduction, whole, trap = (np.array([float(x) for x in text.split(",")])
+                                     for text in computed)
+    python_layer = np.array([amdahl.amdahl_speedup(f, s) for f in shares for s in speedups])
+    python_reduction = 100 * np.array([amdahl.latency_reduction(f, s)
+                                       for f in shares for s in speedups])
+    python_whole = np.array([amdahl.amdahl_speedup(g * f, s)
+                             for g in layers for f in shares for s in speedups])
+    python_trap = np.array([amdahl.amdahl_speedup(f, s) for f in flop_shares for s in speedups])
+    assert layer.shape == (101 * 91,) and whole.shape == (101 * 101 * 91,)
+    # Same expression, same operation order: equal to the last bits, allow 1e-12 anyway.
+    for js, python in ((layer, python_layer), (whole, python_whole), (trap, python_trap)):
+        assert js.shape == python.shape
+        np.testing.assert_allclose(js, python, rtol=1e-12, atol=0)
+    # 1 - 1/speedup and f (1 - 1/S) are the same number by different roundings.
+    np.testing.assert_allclose(reduction, python_reduction, rtol=1e-9, atol=1e-9)
+
+
+def test_amdahl_sliders_show_python_values(tab, page_data):
+    section = page_data["amdahl"]
+    # The lesson's defaults: 15% at 3.5x is 1.120x at the layer, 10.71% less time.
+    assert tab.text("#amdahl-layer-speedup") == f"{amdahl.amdahl_speedup(0.15, 3.5):.3f}\u00d7"
+    assert tab.text("#amdahl-layer-reduction") == f"{100 * amdahl.latency_reduction(0.15, 3.5):.2f}%"
+    # The exit task: 40% attention, 3.0x kernel -> 1.364x at the layer.
+    _slider_set(tab, "#amdahl-time-share", 40)
+    _slider_set(tab, "#amdahl-kernel-speedup", 20)  # stops start at 1.0x in steps of 0.1x
+    assert tab.text("#amdahl-kernel-speedup-label") == "3.0\u00d7"
+    assert tab.text("#amdahl-layer-speedup") == f"{amdahl.amdahl_speedup(0.40, 3.0):.3f}\u00d7"
+    _slider_set(tab, "#amdahl-layer-share", 50)
+    assert tab.text("#amdahl-e2e-speedup") == f"{amdahl.amdahl_speedup(0.5 * 0.4, 3.0):.3f}\u00d7"
+    # The trap: the FLOP share at 2k pushed through the same formula.
+    trap = section["flop_share"]
+    prompt = trap["prompts"][trap["default_index"]]
+    assert tab.text("#flop-share") == prompt["share_text"]
+    assert tab.text("#flop-share-speedup") == f"{amdahl.amdahl_speedup(prompt['share'], 3.0):.3f}\u00d7"
+
+
+# ----------------------------------------------------------------- 4. measured charts
+SYNTHETIC_NOTE = "synthetic records written by this test, never shown in docs"
+
+
+def _synthetic_records(folder: Path) -> None:
+    """Test-only records (marked as such) to drive the chart code; never a screenshot for docs."""
+    lines = []
+    for provider, ms_per_4k in (("eager", 4.0), ("sdpa_flash", 0.5)):
+        for seqlen in (1024, 2048, 4096, 8192):
+            p50 = ms_per_4k * (seqlen / 4096) ** 2
+            shape = AttentionShape(query_heads=24, kv_heads=4, seqlen_q=seqlen, seqlen_k=seqlen,
+                                   head_dim=256, dtype="bf16", causal=True)
+            lines.append({
+                "kernel": "call", "provider": provider, "phase": "prefill",
+                "shape": shape.as_dict(), "metric": "latency", "unit": "ms",
+                "p20": p50, "p50": p50, "p80": p50, "repeats": 10, "tflops": None, "tbps": None,
+                "kernel_names": [], "gpu": "test GPU", "torch": "test", "triton": "test",
+                "driver": None, "git_commit": "test", "timestamp": "2026-01-01T00:00:00+00:00",
+                "command": SYNTHETIC_NOTE})
+    folder.mkdir(parents=True)
+    (folder / "synthetic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_latency_chart_log_axis_and_hover(browser, tmp_path):
+    _synthetic_records(tmp_path / "results")
+    data = build_page_data(tmp_path / "results")
+    url = write_page(tmp_path / "page", data).as_uri()
+    opened = OpenPage(browser, url)
+    try:
+        points = opened.page.locator('#latency-prefill-chart circle[data-provider="eager"]')
+        assert points.count() == 4
+        ys = [float(points.nth(k).get_attribute("cy")) for k in range(4)]
+        # Latency grows 4x per doubling: on a log axis the steps are equal.
+        steps = [a - b for a, b in zip(ys, ys[1:], strict=False)]
+        assert max(steps) - min(steps) < 0.01 and steps[0] > 0
+        series = data["measured"]["charts"]["prefill"][0]["series"]
+        expected = next(s for s in series if s["provider"] == "eager")["points"][1]["text"]
+        points.nth(1).hover()
+        tooltip = opened.page.locator("#latency-prefill-tooltip")
+        assert tooltip.is_visible()
+        assert tooltip.inner_text() == expected
+        assert "2,048 tokens \u00b7 1 ms median of 10" in expected  # 4.0 * (2048/4096)^2
+        opened.page.mouse.move(0, 0)
+        assert tooltip.is_hidden()
+        points.nth(3).focus()  # keyboard users get the same value
+        assert tooltip.inner_text() == next(
+            s for s in series if s["provider"] == "eager")["points"][3]["text"]
+        opened.page.locator("#how-much").screenshot(
+            path=str(_artifact("explain-how-much-synthetic.png")))
+        assert opened.problems() == []
+        assert opened.requests == [url]
+    finally:
+        opened.context.close()
+
+
+# ----------------------------------------------------------------- screenshots
+def _artifact(name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS / name
+
+
+def test_screenshot_every_section(tab, page_data):
+    # Show each section in a telling state: the walk finished, the grid on exercise 4.
+    for _ in range(4):
+        tab.page.click('#walk [data-action="forward"]')
+    tab.page.click("#exercise-4")
+    tab.page.locator("#how-much").scroll_into_view_if_needed()
+    update_docs = os.environ.get("ATTNLAB_UPDATE_DOCS_IMG") == "1"
+    for section in SECTIONS:
+        path = _artifact(f"explain-{section}.png")
+        tab.page.locator(f"#{section}").screenshot(path=str(path))
+        assert path.stat().st_size > 2_000  # a real image, not a blank one
+        if update_docs:
+            DOCS_IMG.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, DOCS_IMG / path.name)

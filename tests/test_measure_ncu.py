@@ -1,0 +1,144 @@
+"""Nsight Compute: the command we build and the parser, on the captured H200 anchors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnlab.measure import ncu
+from attnlab.shapes import AttentionShape
+
+DATA = Path(__file__).parent / "data"
+H1 = DATA / "h200-ncu-n4096-d128-h1.csv"
+H32 = DATA / "h200-ncu-n4096-d128-h32.csv"
+
+RAW_SAMPLE = '''==PROF== Connected to process 1234 (/usr/bin/python3)
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","dram__bytes_read.sum","dram__bytes_write.sum","gpu__time_duration.sum","launch__registers_per_thread","smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
+"","","","","","","","","","","","byte","byte","ns","register/thread","inst"
+"0","1234","python3","gpu","void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>(Flash_fwd_params)","1","7","(128, 1, 1)","(32, 1, 32)","0","9.0","104,766,208","27664896","786784","255","1.25"
+"1","1234","python3","gpu","cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1_kernel0_0","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","100862208","22015488","416928","168","n/a"
+==PROF== Disconnected from process 1234
+'''
+
+
+def test_anchor_csvs_parse_to_every_kernel():
+    h1, h32 = ncu.parse_csv(H1), ncu.parse_csv(H32)
+    assert len(h1) == 21 and len(h32) == 19
+    cudnn = next(k for k in h32 if k.case == "sdpa_cudnn|causal=False|H=32")
+    assert cudnn.name.startswith("cudnn_generated_fort_native_sdpa_sm90_flash_fprop")
+    assert (cudnn.dram_bytes_read, cudnn.dram_bytes_write) == (100862208, 22015488)
+    assert cudnn.duration_ns == 416928
+    assert cudnn.grid == (132, 1, 1) and cudnn.grid_size == 132 and cudnn.threads == 384
+    # the input-generation kernels ran outside any case
+    assert [k.case for k in h1[:3]] == [None, None, None]
+
+
+def test_cases_group_kernels_in_launch_order():
+    cases = ncu.group_by_case(ncu.parse_csv(H1))
+    assert list(cases) == ["eager|causal=False|H=1", "sdpa_flash|causal=False|H=1",
+                           "sdpa_cudnn|causal=False|H=1", "eager|causal=True|H=1",
+                           "sdpa_flash|causal=True|H=1", "sdpa_cudnn|causal=True|H=1"]
+    eager = cases["eager|causal=False|H=1"]
+    assert [k.name[:15] for k in eager] == ["nvjet_sm90_hsh_", "void at::native",
+                                            "void at::native", "nvjet_sm90_hsh_"]
+    assert sum(k.dram_bytes_read for k in eager) == 2119168 + 33561856 + 33570304 + 34620672
+    flash = cases["sdpa_flash|causal=False|H=1"]
+    assert [k.grid for k in flash] == [(64, 4, 1), (1024, 1, 1)]  # split-KV, then combine
+
+
+def test_long_format_round_trips(tmp_path):
+    kernels = ncu.parse_csv(H32)
+    path = tmp_path / "again.csv"
+    ncu.write_long_csv(kernels, path)
+    again = ncu.parse_csv(path)
+    assert [(k.id, k.name, k.case, k.grid, k.block, k.metrics) for k in again] == \
+        [(k.id, k.name, k.case, k.grid, k.block, k.metrics) for k in kernels]
+
+
+def test_raw_page_csv_with_units_row_and_log_lines():
+    kernels = ncu.parse_csv(RAW_SAMPLE)
+    assert [k.id for k in kernels] == [0, 1]
+    flash, cudnn = kernels
+    assert flash.dram_bytes_read == 104766208      # thousands separators removed
+    assert flash.metrics["dram__bytes_read.sum"] == (104766208.0, "byte")
+    assert flash.grid == (32, 1, 32) and flash.block == (128, 1, 1)
+    assert flash.warp_stalls == {"long_scoreboard": 1.25}
+    assert cudnn.warp_stalls == {}                 # n/a is absent, not zero
+    assert cudnn.summary()["registers_per_thread"] == 168
+
+
+def test_details_page_csv():
+    text = ('"ID","Kernel Name","Grid Size","Block Size","Section Name","Metric Name",'
+            '"Metric Unit","Metric Value"\n'
+            '"0","k1","(4, 1, 1)","(32, 1, 1)","Command line profiler metrics",'
+            '"dram__bytes_read.sum","byte","1,024"\n'
+            '"0","k1","(4, 1, 1)","(32, 1, 1)","Command line profiler metrics",'
+            '"gpu__time_duration.sum","ns","2048"\n')
+    (kernel,) = ncu.parse_csv(text)
+    assert (kernel.name, kernel.dram_bytes_read, kernel.duration_ns, kernel.grid_size) == \
+        ("k1", 1024, 2048.0, 4)
+
+
+def test_unknown_csv_is_refused():
+    with pytest.raises(ValueError, match="not an ncu CSV"):
+        ncu.parse_csv("a,b,c\n1,2,3\n")
+    with pytest.raises(ValueError, match="no ncu raw-page header"):
+        ncu.parse_raw_csv("x\n")
+
+
+def test_profile_command_never_touches_clocks():
+    command = ncu.profile_command("ncu", "/tmp/r", ["python", "-m", "attnlab.measure.ncu"])
+    assert command[command.index("--clock-control") + 1] == "none"
+    assert command[command.index("--cache-control") + 1] == "all"
+    assert "--profile-from-start" in command and "--nvtx" in command
+    metrics = command[command.index("--metrics") + 1].split(",")
+    for needed in ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum",
+                   "sm__warps_active.avg.pct_of_peak_sustained_active",
+                   "launch__registers_per_thread", "smsp__inst_executed.sum",
+                   "launch__grid_size", ncu.stall_metric("long_scoreboard")):
+        assert needed in metrics
+    assert command[-3:] == ["python", "-m", "attnlab.measure.ncu"]
+    one_step = ncu.csv_command("ncu", ["python", "x.py"])
+    assert one_step[:3] == ["ncu", "--clock-control", "none"] and "--csv" in one_step
+    assert ncu.import_command("ncu", "r.ncu-rep", nvtx_names=True)[-1] == "kernel"
+
+
+def test_case_labels_round_trip():
+    shape = AttentionShape(batch=2, query_heads=32, kv_heads=8, seqlen_q=1, seqlen_k=65536,
+                           dtype="bf16", causal=True, window=(128, 0))
+    label = ncu.case_label("sdpa_flash", "decode", shape)
+    assert "/" not in label
+    assert ncu.parse_case_label(label) == ("sdpa_flash", "decode", shape)
+    with pytest.raises(ValueError, match="not an attnlab case label"):
+        ncu.parse_case_label("eager|causal=False|H=1")
+
+
+def test_cases_attach_from_renamed_names_whatever_the_decoration():
+    shape = AttentionShape(seqlen_q=1024, seqlen_k=1024)
+    label = ncu.case_label("eager", "prefill", shape)
+    kernels = [ncu.NcuKernel(0, "gemm_a", None, None, None),
+               ncu.NcuKernel(1, "softmax_b", None, None, None),
+               ncu.NcuKernel(2, "stray", None, None, None)]
+    renamed = [ncu.NcuKernel(0, f"{label}/", None, None, None),
+               ncu.NcuKernel(1, f"default@{label}", None, None, None),
+               ncu.NcuKernel(2, "stray", None, None, None)]
+    ncu.attach_cases(kernels, renamed, [label])
+    assert [k.case for k in kernels] == [label, label, None]
+
+
+def test_launch_order_fallback_only_when_counts_add_up():
+    kernels = [ncu.NcuKernel(i, f"k{i}", None, None, None) for i in range(5)]
+    assert not ncu.assign_by_launch_order(kernels, [("a", 4), ("b", 2)])
+    assert all(k.case is None for k in kernels)
+    assert ncu.assign_by_launch_order(kernels, [("a", 4), ("b", 1)])
+    assert [k.case for k in kernels] == ["a", "a", "a", "a", "b"]
+
+
+def test_run_ncu_without_ncu_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("NCU", raising=False)
+    if ncu.find_ncu() is not None:
+        pytest.skip("this machine has ncu installed in a standard folder")
+    with pytest.raises(RuntimeError, match="ncu .* is not on PATH"):
+        ncu.run_ncu([], tmp_path)

@@ -1,0 +1,360 @@
+"""Logical HBM traffic: exact integers derived by hand, scaling laws, tile_plan agreement."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab.model import traffic
+from attnlab.model.mask import query_tile, query_tiles, visible_pairs
+from attnlab.shapes import LESSON_SHAPE, AttentionShape, preset
+
+MiB = 2**20
+HEAD = LESSON_SHAPE.replace(causal=False)  # N=4096, d=128, fp16, B_r=128, B_c=64
+CAUSAL = LESSON_SHAPE.replace(causal=True)
+ROW = 128 * 2  # bytes of one Q/K/V/O row at d=128, fp16
+ACT = 4096 * ROW  # one head's Q (or K, V, O): 1,048,576 B
+SCORES = 4096 * 4096 * 2  # one head's S (or P): 33,554,432 B
+
+
+# ----- the lesson's four rows -------------------------------------------------------
+def test_naive_three_kernels_matches_lesson_table():
+    t = traffic.naive_traffic(HEAD)
+    assert [k.read_bytes for k in t.kernels] == [2 * ACT, SCORES, SCORES + ACT]
+    assert [k.write_bytes for k in t.kernels] == [SCORES, SCORES, ACT]
+    assert t.read_bytes == 70_254_592 == 67 * MiB
+    assert t.write_bytes == 68_157_440 == 65 * MiB
+    assert t.total_bytes == 138_412_032 == 132 * MiB
+    assert t.scope == "head" and t.condition == "unmasked"
+
+
+def test_naive_four_kernels_adds_one_round_trip_of_s():
+    t = traffic.naive_traffic(HEAD, kernels=4)
+    assert len(t.kernels) == 4
+    assert t.kernels[1].reads == (("S", SCORES),)
+    assert t.kernels[1].writes == (("S (scaled)", SCORES),)
+    assert t.total_bytes == 138_412_032 + 2 * SCORES == 196 * MiB
+
+
+def test_fused_unmasked_matches_lesson():
+    t = traffic.fused_forward_traffic(HEAD)
+    (kernel,) = t.kernels
+    assert dict(kernel.reads) == {"Q": ACT, "K": 32 * ACT, "V": 32 * ACT}
+    assert dict(kernel.writes) == {"O": ACT}
+    assert t.read_bytes == 65 * MiB and t.write_bytes == 1 * MiB
+    assert t.total_bytes == 69_206_016 == 66 * MiB
+    assert t.bytes_of("S") == 0 and t.bytes_of("P") == 0
+
+
+def test_idealised_causal_naive_matches_lesson():
+    t = traffic.naive_causal_traffic(CAUSAL)
+    half = SCORES // 2  # 16 MiB per triangle
+    assert t.read_bytes == 3 * ACT + 2 * half == 35 * MiB
+    assert t.write_bytes == ACT + 2 * half == 33 * MiB
+    assert t.total_bytes == 71_303_168 == 68 * MiB
+    assert t.condition == "causal"
+
+
+def test_exact_triangle_counts_the_diagonal():
+    t = traffic.naive_causal_traffic(CAUSAL, triangle="exact")
+    stored = 4096 * 4097 // 2 * 2  # N(N+1)/2 pairs, 2 bytes each
+    assert t.bytes_of("S") == 2 * stored and t.bytes_of("P") == 2 * stored
+    assert t.total_bytes == 4 * ACT + 4 * stored
+
+
+def test_fused_causal_matches_lesson():
+    t = traffic.fused_forward_traffic(CAUSAL)
+    # query tile i (1-based) loads KV tiles 1..2i = 128 i key rows: sum = 128 * 528
+    kv_rows = 128 * sum(range(1, 33))
+    assert kv_rows == 67_584 == traffic.kv_rows_streamed(CAUSAL)
+    assert t.bytes_of("K") == t.bytes_of("V") == kv_rows * ROW == 33 * MiB // 2
+    assert t.read_bytes == 34 * MiB and t.write_bytes == 1 * MiB
+    assert t.total_bytes == 36_700_160 == 35 * MiB
+
+
+def test_lse_write_adds_four_bytes_per_query_row():
+    base = traffic.fused_forward_traffic(HEAD)
+    with_lse = traffic.fused_forward_traffic(HEAD, write_lse=True)
+    assert with_lse.total_bytes - base.total_bytes == 4096 * 4 == 16_384
+    assert dict(with_lse.kernels[0].writes)["LSE"] == 16_384
+
+
+def test_lesson_comparison_ratios_are_matched():
+    table = traffic.lesson_comparison(LESSON_SHAPE)
+    assert [r.total_bytes for r in table["rows"]] == [132 * MiB, 66 * MiB, 68 * MiB, 35 * MiB]
+    unmasked, causal = table["ratios"]
+    assert unmasked.ratio == 2.0 and unmasked.matched
+    assert causal.ratio == 68 / 35 and f"{causal.ratio:.2f}" == "1.94" and causal.matched
+    assert "matched" in unmasked.label and "CROSS" not in causal.label
+
+
+def test_cross_condition_ratio_refused_unless_asked_then_labelled():
+    naive = traffic.naive_traffic(HEAD)
+    fused_causal = traffic.fused_forward_traffic(CAUSAL)
+    with pytest.raises(ValueError, match="cross_condition=True"):
+        traffic.traffic_ratio(naive, fused_causal)
+    cross = traffic.traffic_ratio(naive, fused_causal, cross_condition=True)
+    assert not cross.matched
+    assert cross.ratio == 132 / 35
+    assert "CROSS-CONDITION" in cross.label
+
+
+def test_ratio_refuses_different_shapes_or_scopes():
+    naive = traffic.naive_traffic(HEAD)
+    with pytest.raises(ValueError, match="shapes differ"):
+        traffic.traffic_ratio(naive, traffic.fused_forward_traffic(HEAD.replace(seqlen_q=2048,
+                                                                                 seqlen_k=2048)))
+    with pytest.raises(ValueError, match="scopes differ"):
+        traffic.traffic_ratio(naive, traffic.fused_forward_traffic(HEAD, scope="layer"))
+    with pytest.raises(TypeError, match="Traffic record"):
+        traffic.traffic_ratio(naive, 3)
+    # block sizes belong to the kernel: a different B_r still compares
+    assert traffic.traffic_ratio(naive, traffic.fused_forward_traffic(HEAD.replace(block_m=64)))
+
+
+# ----- other shapes, derived by hand --------------------------------------------------
+def test_ragged_n_unmasked_and_causal():
+    shape = AttentionShape(seqlen_q=1000, seqlen_k=1000, head_dim=64, dtype="fp16")
+    row = 64 * 2
+    # 8 query tiles, each loads all 16 KV tiles = 1000 real rows (the last tile has 40)
+    t = traffic.fused_forward_traffic(shape)
+    assert t.bytes_of("K") == 8 * 1000 * row == 1_024_000
+    assert t.total_bytes == 1000 * row * 2 + 2 * 8 * 1000 * row == 2_304_000
+    # causal: tiles 0..6 load 128 (i + 1) rows, the ragged tile 7 loads all 1000
+    causal = shape.replace(causal=True)
+    assert traffic.kv_rows_streamed(causal) == 128 * 28 + 1000 == 4584
+    assert traffic.fused_forward_traffic(causal).total_bytes == 2 * 4584 * row + 2 * 1000 * row
+    assert query_tile(causal, 7).rows == 104  # 1000 - 7 * 128
+
+
+def test_block_n_larger_than_block_m():
+    shape = AttentionShape(seqlen_q=1024, seqlen_k=1024, causal=True, block_m=64, block_n=128)
+    # query tile i loads KV tiles 0..ceil((i+1)/2)-1: 1,1,2,2,...,8,8 tiles of 128 rows
+    assert traffic.kv_rows_streamed(shape) == 128 * 2 * sum(range(1, 9)) == 9216
+    t = traffic.fused_forward_traffic(shape)
+    assert t.total_bytes == 2 * 9216 * ROW + 2 * 1024 * ROW == 5_242_880
+    # every query tile straddles the diagonal in exactly its last loaded tile
+    for tile in query_tiles(shape):
+        assert tile.masked_tiles == (tile.kv_stop - 1,)
+    unmasked = traffic.fused_forward_traffic(shape.replace(causal=False))
+    assert unmasked.total_bytes == 16 * 2 * 1024 * ROW + 2 * 1024 * ROW == 8_912_896
+
+
+def test_gqa_six_to_one_packed_and_unpacked():
+    shape = preset("qwen-gqa").shape(4096)  # 24 q heads, 4 kv heads, d=256, bf16, causal
+    row = 256 * 2
+    per_pass = 67_584 * row  # causal KV rows per head at B_r=128, B_c=64
+    unpacked = traffic.fused_forward_traffic(shape, scope="layer")
+    packed = traffic.fused_forward_traffic(shape, scope="layer", pack_gqa=True)
+    assert unpacked.bytes_of("K") == 24 * per_pass == 830_472_192
+    assert packed.bytes_of("K") == 4 * per_pass == 138_412_032
+    assert packed.bytes_of("Q") == unpacked.bytes_of("Q") == 24 * 4096 * row
+    assert traffic.gqa_kv_bytes(shape) == {"unpacked": 2 * 24 * per_pass,
+                                           "packed": 2 * 4 * per_pass}
+    group = traffic.fused_forward_traffic(shape, scope="kv-group", pack_gqa=True)
+    assert group.bytes_of("K") == per_pass and group.bytes_of("Q") == 6 * 4096 * row
+    with pytest.raises(ValueError, match="kv-group"):
+        traffic.fused_forward_traffic(shape, scope="head", pack_gqa=True)
+
+
+def test_fp32_scores_with_bf16_inputs_and_fp32_inputs():
+    qwen = preset("qwen-gqa").shape(4096, causal=False)
+    naive = traffic.naive_traffic(qwen, score_dtype="fp32")
+    act, scores = 4096 * 256 * 2, 4096 * 4096 * 4
+    assert naive.total_bytes == 4 * act + 4 * scores == 276_824_064
+    fp32 = traffic.naive_traffic(HEAD.replace(dtype="fp32"))
+    assert fp32.total_bytes == 2 * 138_412_032
+
+
+def test_scopes_scale_exactly():
+    head = traffic.fused_forward_traffic(CAUSAL)
+    layer = traffic.fused_forward_traffic(CAUSAL.replace(batch=2), scope="layer")
+    assert layer.total_bytes == 2 * 32 * head.total_bytes
+    model = traffic.fused_forward_traffic(CAUSAL, scope="model", layers=32)
+    assert model.total_bytes == 32 * 32 * head.total_bytes
+    assert model.flops == 32 * 32 * head.flops
+    assert model.layers == 32 and "model" in model.scope_label
+
+
+# ----- Flash-Decoding and backward ------------------------------------------------------
+def test_flash_decoding_counts_partials_and_combine():
+    shape = AttentionShape(query_heads=32, kv_heads=8, seqlen_q=1, seqlen_k=32768, causal=True)
+    t = traffic.flash_decoding_traffic(shape, num_splits=8, scope="layer")
+    split, combine = t.kernels
+    assert dict(split.reads) == {"Q": 32 * 8 * ROW, "K": 8 * 32768 * ROW, "V": 8 * 32768 * ROW}
+    partial_o, partial_lse = 8 * 32 * 128 * 4, 8 * 32 * 4
+    assert dict(split.writes) == {"O partial (fp32)": partial_o, "LSE partial (fp32)": partial_lse}
+    assert dict(combine.reads) == dict(split.writes)
+    assert dict(combine.writes) == {"O": 32 * ROW}
+    unpacked = traffic.flash_decoding_traffic(shape, num_splits=8, scope="layer", pack_gqa=False)
+    assert unpacked.bytes_of("K") == 32 * 32768 * ROW
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 16])
+def test_flash_decoding_reads_each_key_once_whatever_the_splits(splits):
+    shape = AttentionShape(seqlen_q=1, seqlen_k=1000)  # 16 KV tiles, the last ragged
+    t = traffic.flash_decoding_traffic(shape, num_splits=splits, scope="head", pack_gqa=False)
+    assert t.bytes_of("K") == 1000 * ROW
+    assert t.bytes_of("O partial (fp32)") == 2 * splits * 128 * 4  # written and read back
+    assert traffic.split_ranges(16, 3) == [(0, 5), (5, 10), (10, 16)]
+
+
+def test_backward_two_pass_by_hand():
+    t = traffic.backward_traffic(CAUSAL)
+    pre, dkdv, dq = t.kernels
+    q_rows = 128 * sum(2 * (i + 1) for i in range(32))  # Q rows over visible tile pairs
+    assert q_rows == 135_168
+    assert dict(pre.reads) == {"O": ACT, "dO": ACT} and dict(pre.writes) == {"D": 4096 * 4}
+    assert dict(dkdv.reads) == {"K": ACT, "V": ACT, "Q": q_rows * ROW, "dO": q_rows * ROW,
+                                "LSE": q_rows * 4, "D": q_rows * 4}
+    assert dict(dkdv.writes) == {"dK": ACT, "dV": ACT}
+    assert dict(dq.reads) == {"Q": ACT, "dO": ACT, "LSE": 4096 * 4, "D": 4096 * 4,
+                              "K": 67_584 * ROW, "V": 67_584 * ROW}
+    assert dict(dq.writes) == {"dQ": ACT}
+    assert t.total_bytes == 114_376_704
+
+
+def test_backward_atomic_dq_reads_and_writes_the_fp32_accumulator_per_pair():
+    t = traffic.backward_traffic(CAUSAL, variant="atomic-dq")
+    main = t.kernels[2]
+    accum = 135_168 * 128 * 4
+    assert dict(main.reads)["dQ accum (fp32)"] == accum == dict(main.writes)["dQ accum (fp32)"]
+    assert dict(t.kernels[3].writes) == {"dQ": ACT}
+
+
+def test_backward_gqa_adds_the_group_reduction():
+    shape = preset("qwen-gqa").shape(1024)
+    t = traffic.backward_traffic(shape, scope="layer")
+    reduce = t.kernels[-1]
+    per_head = 1024 * 256 * 2
+    assert dict(reduce.reads) == {"dK": 24 * per_head, "dV": 24 * per_head}
+    assert dict(reduce.writes) == {"dK (summed)": 4 * per_head, "dV (summed)": 4 * per_head}
+
+
+# ----- scaling and monotonicity -----------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3000), d=st.sampled_from([32, 64, 128, 256]),
+       dtype=st.sampled_from(["fp16", "bf16", "fp32"]))
+def test_naive_follows_its_closed_form(n, d, dtype):
+    shape = AttentionShape(seqlen_q=n, seqlen_k=n, head_dim=d, dtype=dtype)
+    b = shape.element_bytes
+    assert traffic.naive_traffic(shape).total_bytes == 4 * n * d * b + 4 * n * n * b
+
+
+@pytest.mark.parametrize("n", [512, 1024, 4096])
+def test_naive_intermediates_grow_as_n_squared_and_ignore_d(n):
+    def intermediates(seqlen, d):
+        t = traffic.naive_traffic(AttentionShape(seqlen_q=seqlen, seqlen_k=seqlen, head_dim=d))
+        return t.bytes_of("S") + t.bytes_of("P")
+    assert intermediates(2 * n, 128) == 4 * intermediates(n, 128)
+    assert intermediates(n, 64) == intermediates(n, 256)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_kv_traffic_grows_as_n_squared_d_over_block_m(causal):
+    def kv(n, d, block_m):
+        shape = AttentionShape(seqlen_q=n, seqlen_k=n, head_dim=d, causal=causal,
+                               block_m=block_m, block_n=64)
+        t = traffic.fused_forward_traffic(shape)
+        return t.bytes_of("K") + t.bytes_of("V")
+    base = kv(4096, 128, 128)
+    assert kv(4096, 256, 128) == 2 * base
+    if not causal:
+        assert kv(8192, 128, 128) == 4 * base
+        assert kv(4096, 128, 64) == 2 * base
+    else:  # causal: T_r (T_r + 1) / 2 passes of B_r rows -> N^2/B_r to leading order
+        assert kv(8192, 128, 128) == 2 * 128 * 2 * 128 * sum(range(1, 65))
+        assert kv(4096, 128, 64) == 2 * 128 * 2 * 64 * sum(range(1, 65))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2000), causal=st.booleans(),
+       block_m=st.sampled_from([16, 64, 128]), block_n=st.sampled_from([16, 32, 64, 128]))
+def test_traffic_never_shrinks_as_n_grows(n, causal, block_m, block_n):
+    def total(seqlen, fn):
+        shape = AttentionShape(seqlen_q=seqlen, seqlen_k=seqlen, causal=causal,
+                               block_m=block_m, block_n=block_n)
+        return fn(shape).total_bytes
+    assert total(n + 1, traffic.fused_forward_traffic) >= total(n, traffic.fused_forward_traffic)
+    naive = (lambda s: traffic.naive_causal_traffic(s, triangle="exact")) if causal \
+        else traffic.naive_traffic
+    assert total(n + 1, naive) > total(n, naive)
+
+
+# ----- agreement with the reference's tile plan ------------------------------------------------
+shapes = st.builds(
+    AttentionShape,
+    seqlen_q=st.integers(1, 300), seqlen_k=st.integers(1, 300),
+    head_dim=st.sampled_from([16, 64]), causal=st.booleans(),
+    window=st.sampled_from([(-1, -1), (0, 0), (31, -1), (100, 7), (-1, 40), (5, 5)]),
+    block_m=st.sampled_from([16, 32, 64, 128]), block_n=st.sampled_from([16, 32, 64, 128]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape=shapes)
+def test_fused_traffic_agrees_with_reference_tile_plan(shape):
+    from attnlab.reference.tiles import tile_plan  # reference helper's module
+
+    plan = tile_plan(shape)
+    ours = query_tiles(shape)
+    assert len(plan.query_tiles) == len(ours)
+    for i, tile in enumerate(ours):
+        theirs = plan.query_tile(i)
+        assert list(tile.loaded) == list(theirs.loaded)
+        assert list(tile.masked_tiles) == list(theirs.masked)
+        assert tile.kv_rows_loaded == plan.loaded_kv_rows(i)
+        assert tile.rows == len(theirs.rows)
+    t = traffic.fused_forward_traffic(shape)
+    row = shape.head_dim * shape.element_bytes
+    assert t.bytes_of("K") == sum(plan.loaded_kv_rows(i) for i in range(len(ours))) * row
+    assert visible_pairs(shape) == plan.visible_pairs()
+
+
+def test_lesson_causal_plan_agrees_with_reference():
+    from attnlab.reference.tiles import tile_plan
+
+    plan = tile_plan(CAUSAL)
+    assert sum(plan.loaded_kv_rows(i) for i in range(32)) == traffic.kv_rows_streamed(CAUSAL)
+    assert list(plan.query_tile(4).masked) == list(query_tile(CAUSAL, 4).masked_tiles) == [8, 9]
+
+
+# ----- bad input ---------------------------------------------------------------------------
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: traffic.naive_traffic(HEAD, kernels=5), ValueError, "kernels must be 3"),
+    (lambda: traffic.naive_traffic(CAUSAL), ValueError, "naive_causal_traffic"),
+    (lambda: traffic.naive_traffic(HEAD, score_dtype="fp8"), ValueError, "dtype must be one of"),
+    (lambda: traffic.naive_traffic(HEAD, scope="galaxy"), ValueError, "scope must be one of"),
+    (lambda: traffic.naive_traffic(HEAD, layers=32), ValueError, "only to scope='model'"),
+    (lambda: traffic.naive_traffic(HEAD, scope="model"), ValueError, "layers must be an int >= 1"),
+    (lambda: traffic.naive_traffic(HEAD, scope="model", layers=0), ValueError, "layers"),
+    (lambda: traffic.naive_traffic("shape"), TypeError, "AttentionShape"),
+    (lambda: traffic.naive_causal_traffic(HEAD), ValueError, "needs a masked shape"),
+    (lambda: traffic.naive_causal_traffic(CAUSAL, triangle="third"), ValueError, "triangle"),
+    (lambda: traffic.naive_causal_traffic(CAUSAL.replace(seqlen_q=100)), ValueError,
+     "triangle='exact'"),
+    (lambda: traffic.fused_forward_traffic(HEAD, write_lse="yes"), TypeError, "write_lse"),
+    (lambda: traffic.fused_forward_traffic(HEAD, pack_gqa=1), TypeError, "pack_gqa"),
+    (lambda: traffic.flash_decoding_traffic(HEAD, num_splits=0), ValueError, "num_splits"),
+    (lambda: traffic.flash_decoding_traffic(HEAD, num_splits=65), ValueError, r"\[1, 64\]"),
+    (lambda: traffic.backward_traffic(HEAD, variant="fast"), ValueError, "variant must be one of"),
+    (lambda: traffic.lesson_comparison(HEAD.replace(window=(8, 0))), ValueError, "window"),
+    (lambda: traffic.traffic_ratio(traffic.naive_traffic(HEAD), traffic.naive_traffic(HEAD),
+                                   cross_condition="y"), TypeError, "cross_condition"),
+])
+def test_bad_input_names_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_kv_heads_must_divide_query_heads():
+    with pytest.raises(ValueError, match="kv_heads must divide query_heads"):
+        HEAD.replace(query_heads=32, kv_heads=5)
+
+
+def test_as_dict_is_exact_integers():
+    d = traffic.fused_forward_traffic(CAUSAL, write_lse=True).as_dict()
+    assert d["total_bytes"] == 36_700_160 + 16_384
+    assert d["kernels"][0]["writes"] == {"O": ACT, "LSE": 16_384}
+    assert d["scope_label"].startswith("per head") and d["condition"] == "causal"
