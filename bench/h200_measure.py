@@ -2,18 +2,21 @@
 
     PYTHONPATH=src python3 bench/h200_measure.py            # writes under $OUT
 
-Sections, in order, each under its own time cap inside an overall budget (points
-that do not fit are recorded as skipped, with that reason):
+Sections, in order; every section has a time cap and the sweeps stop at an
+overall budget (points that do not fit are recorded as skipped, with that reason):
 
 1. ceilings: a bf16 GEMM's TFLOP/s and a 2 GiB device copy's TB/s;
 2. kernels: what one call of each main provider launches (torch.profiler), plus
    one Chrome trace of the typical eager baseline (test data for the parser);
-3. prefill sweep (lesson-8b layer: 32 heads, d=128, fp16, causal) and decode sweep
+3. ncu: N in {1k, 4k, 16k} x heads in {1, 32}, d=128, fp16, no mask, for eager,
+   sdpa_flash, sdpa_cudnn and attnlab, in two Nsight Compute sessions (1k+4k, then
+   16k; --clock-control none), compared with the cache-aware model;
+4. prefill sweep (lesson-8b layer: 32 heads, d=128, fp16, causal) and decode sweep
    (32 query / 8 KV heads) for every provider, each point checked against the
-   reference and its kernel names recorded; FlexAttention last (it compiles);
-4. ncu: N in {1k, 4k, 16k} x heads in {1, 32}, d=128, fp16, no mask, for eager,
-   sdpa_flash, sdpa_cudnn and attnlab, in one Nsight Compute session
-   (--clock-control none), compared with the cache-aware model.
+   reference and its kernel names recorded; FlexAttention last (it compiles).
+
+Expected wall time: about 5-7 minutes; at most about 8 (ncu's two sessions are
+capped at 120 + 150 s, the sweeps stop 450 s after the start).
 
 Files under $OUT (8, at most one folder deep):
   records.jsonl            every bench record (ceilings, latency, skipped + reasons)
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -38,7 +40,7 @@ import traceback
 from pathlib import Path
 
 START = time.monotonic()
-BUDGET_S = 330.0          # sections 1-3 and most of 4; ncu gets at least 150 s
+BUDGET_S = 450.0          # sweeps stop here; ncu (section 3) has its own timeouts
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(os.environ.get("OUT", ROOT / "bench-out")).resolve()
 OUT.mkdir(parents=True, exist_ok=True)
@@ -58,23 +60,23 @@ TIMING = {"target_ms": 40.0, "min_repeats": 5, "max_repeats": 100}
 
 
 class Tee:
-    """Everything printed goes to the terminal and to log.txt."""
+    """Everything printed (stdout and tracebacks) goes to the terminal and to log.txt."""
 
-    def __init__(self, path: Path) -> None:
-        self.file = path.open("w", encoding="utf-8")
-        self.stdout = sys.stdout
+    def __init__(self, stream, log) -> None:
+        self.stream, self.log = stream, log
 
     def write(self, text: str) -> int:
-        self.file.write(text)
-        self.file.flush()
-        return self.stdout.write(text)
+        self.log.write(text)
+        self.log.flush()
+        return self.stream.write(text)
 
     def flush(self) -> None:
-        self.file.flush()
-        self.stdout.flush()
+        self.log.flush()
+        self.stream.flush()
 
 
-sys.stdout = Tee(OUT / "log.txt")
+_LOG = (OUT / "log.txt").open("w", encoding="utf-8")
+sys.stdout, sys.stderr = Tee(sys.stdout, _LOG), Tee(sys.stderr, _LOG)
 
 
 def elapsed() -> float:
@@ -102,7 +104,6 @@ def main() -> int:
     env = rec.environment("PYTHONPATH=src python3 bench/h200_measure.py")
     print(rec.describe_environment(env))
     records_path = OUT / "records.jsonl"
-    summary: dict = {}
 
     section("1. ceilings")
     try:
@@ -117,7 +118,14 @@ def main() -> int:
 
     section("2. kernels")
     try:
-        summary["kernels"] = kernels_section(env)
+        kernels_section()
+    except Exception:
+        traceback.print_exc()
+
+    section("3. ncu")
+    comparisons = []
+    try:
+        comparisons = ncu_section()
     except Exception:
         traceback.print_exc()
 
@@ -130,10 +138,10 @@ def main() -> int:
     flex = parse_providers("flex")
     results = []
     for title, providers, phase, lengths, base, cap in (
-            ("3a. prefill sweep", not_flex, "prefill", PREFILL_LENGTHS, prefill, 80),
-            ("3b. decode sweep", not_flex, "decode", DECODE_LENGTHS, decode, 40),
-            ("3c. flex prefill", flex, "prefill", FLEX_PREFILL_LENGTHS, prefill, 40),
-            ("3d. flex decode", flex, "decode", FLEX_DECODE_LENGTHS, decode, 25)):
+            ("4a. prefill sweep", not_flex, "prefill", PREFILL_LENGTHS, prefill, 80),
+            ("4b. decode sweep", not_flex, "decode", DECODE_LENGTHS, decode, 40),
+            ("4c. flex prefill", flex, "prefill", FLEX_PREFILL_LENGTHS, prefill, 40),
+            ("4d. flex decode", flex, "decode", FLEX_DECODE_LENGTHS, decode, 25)):
         section(title)
         try:
             results += run_sweep(providers, [phase], lengths, base, device="cuda", env=env,
@@ -141,13 +149,6 @@ def main() -> int:
                                  progress=False)
         except Exception:
             traceback.print_exc()
-
-    section("4. ncu")
-    comparisons = []
-    try:
-        comparisons = ncu_section()
-    except Exception:
-        traceback.print_exc()
 
     section("summary")
     print_summary([r.record for r in results], comparisons)
@@ -158,7 +159,7 @@ def main() -> int:
     return 0
 
 
-def kernels_section(env: dict) -> dict:
+def kernels_section() -> None:
     import torch
 
     from attnlab.measure.dispatch import profile_call, short_name
@@ -206,10 +207,10 @@ def kernels_section(env: dict) -> dict:
     except Exception:
         traceback.print_exc()
     (OUT / "kernels.json").write_text(json.dumps(out, indent=1))
-    return {"cases": len(out)}
 
 
 def ncu_section() -> list:
+    """Two ncu sessions (short lengths, then 16k), so a slow one cannot lose the other."""
     from attnlab.measure import ncu
     from attnlab.measure.compare import compare_case, markdown_table
     from attnlab.measure.sweep import phase_shape
@@ -219,42 +220,58 @@ def ncu_section() -> list:
     if binary is None:
         print("  ncu not found on PATH, $NCU or /usr/local/cuda/bin: skipped")
         return []
-    cases = [(p, "prefill", phase_shape(AttentionShape(query_heads=h, kv_heads=h, head_dim=128,
-                                                       dtype="fp16", causal=False),
-                                        "prefill", n))
-             for h in NCU_HEADS for n in NCU_LENGTHS for p in NCU_PROVIDERS]
-    timeout = max(150.0, min(240.0, START + BUDGET_S + 60 - time.monotonic()))
-    print(f"  {len(cases)} cases, {binary}, timeout {timeout:.0f} s")
-    work = Path(tempfile.mkdtemp(prefix="attnlab-ncu-"))
-    try:
-        run = ncu.run_ncu(cases, work, ncu=binary, timeout_s=timeout)
-    except Exception as error:
-        log = work / "ncu_log.txt"
-        print(f"  ncu failed: {error}")
-        if log.exists():
-            print("  ncu log tail:\n    " + "\n    ".join(log.read_text().splitlines()[-15:]))
+
+    def cases(lengths):
+        return [(p, "prefill", phase_shape(AttentionShape(query_heads=h, kv_heads=h,
+                                                          head_dim=128, dtype="fp16"),
+                                           "prefill", n))
+                for n in lengths for h in NCU_HEADS for p in NCU_PROVIDERS]
+
+    kernels, raw_parts, summary = [], [], {"sessions": []}
+    for lengths, timeout in ((NCU_LENGTHS[:-1], 120.0), (NCU_LENGTHS[-1:], 150.0)):
+        work = Path(tempfile.mkdtemp(prefix="attnlab-ncu-"))
+        session = cases(lengths)
+        print(f"  session N={lengths}: {len(session)} cases, timeout {timeout:.0f} s "
+              f"(t={elapsed():.0f} s)", flush=True)
+        try:
+            run = ncu.run_ncu(session, work, ncu=binary, timeout_s=timeout)
+        except Exception as error:
+            print(f"  ncu failed: {error}")
+            log = work / "ncu_log.txt"
+            if log.exists():
+                print("  ncu log tail:\n    " + "\n    ".join(log.read_text().splitlines()[-15:]))
+            summary["sessions"].append({"lengths": lengths, "error": str(error)})
+            continue
+        for kernel in run.kernels:  # IDs restart per session; keep them unique in one file
+            kernel.id += 10000 * len(summary["sessions"])
+        kernels += run.kernels
+        raw_parts.append(run.raw_csv.read_text())
+        log_text = (work / "ncu_log.txt").read_text() if (work / "ncu_log.txt").exists() else ""
+        summary["sessions"].append({
+            "lengths": lengths, "ncu_command": run.command, "metrics": run.metrics,
+            "notes": run.notes, "failed_cases": run.failed_cases,
+            "ncu_log_tail": log_text.splitlines()[-30:]})
+        for label, reason in run.failed_cases.items():
+            print(f"  case failed: {label}: {reason[:200]}")
+        for note in run.notes:
+            print(f"  note: {note}")
+    if not kernels:
+        (OUT / "ncu").mkdir(exist_ok=True)
+        (OUT / "ncu" / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         return []
     (OUT / "ncu").mkdir(exist_ok=True)
-    shutil.copy(run.long_csv, OUT / "ncu" / "ncu_kernels.csv")
-    shutil.copy(run.raw_csv, OUT / "ncu" / "ncu_raw.csv")
-    groups = ncu.group_by_case(run.kernels)
+    ncu.write_long_csv(kernels, OUT / "ncu" / "ncu_kernels.csv")
+    (OUT / "ncu" / "ncu_raw.csv").write_text("\n==attnlab== next ncu session\n".join(raw_parts))
     comparisons = []
-    for label, kernels in groups.items():
+    for label, group in ncu.group_by_case(kernels).items():
         provider_name, _phase, shape = ncu.parse_case_label(label)
-        comparisons.append(compare_case(provider_name, shape, kernels))
+        comparisons.append(compare_case(provider_name, shape, group))
     (OUT / "cache_model_vs_ncu.md").write_text(
         "Predicted (cache-aware model) vs measured (ncu --clock-control none) DRAM bytes of one "
         "call; MB = 10^6 bytes.\n\n" + markdown_table(comparisons))
-    log_text = (work / "ncu_log.txt").read_text() if (work / "ncu_log.txt").exists() else ""
-    (OUT / "ncu" / "summary.json").write_text(json.dumps(
-        {"ncu_command": run.command, "metrics": run.metrics, "notes": run.notes,
-         "failed_cases": run.failed_cases, "ncu_log_tail": log_text.splitlines()[-40:],
-         "kernels": [k.summary() for k in run.kernels],
-         "comparisons": [c.as_dict() for c in comparisons]}, indent=1, default=str))
-    for label, reason in run.failed_cases.items():
-        print(f"  case failed: {label}: {reason[:200]}")
-    for note in run.notes:
-        print(f"  note: {note}")
+    summary["kernels"] = [k.summary() for k in kernels]
+    summary["comparisons"] = [c.as_dict() for c in comparisons]
+    (OUT / "ncu" / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return comparisons
 
 

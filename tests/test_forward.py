@@ -26,7 +26,7 @@ DEVICE = "cuda" if on_gpu else "cpu"
 SEQLEN_PAIRS = [(1, 1), (1, 239), (3, 799), (113, 203), (128, 217), (108, 256), (1023, 1024)]
 SEQLEN_PAIRS += [(b, a) for a, b in SEQLEN_PAIRS if a != b]
 HEAD_DIMS = [32, 59, 64, 111, 128, 256]
-HEADS = [(4, 4), (6, 2), (3, 1)]  # MHA, GQA 3:1, MQA
+HEADS = [(2, 2), (6, 2), (3, 1)]  # MHA, GQA 3:1, MQA
 
 
 def make_qkv(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, layout="bshd", seed=0):

@@ -55,6 +55,19 @@ def test_without_cuda_the_verbs_say_what_they_need(capsys, argv):
     assert captured.out == ""  # no numbers that were not measured
 
 
+def test_replot_draws_from_records_without_a_gpu(tmp_path, capsys):
+    from test_measure_plots import fixture_records
+
+    records = tmp_path / "bench.jsonl"
+    rec.upsert_records(records, fixture_records())
+    assert main(["bench", "--replot", "--out", str(records), "--plots", str(tmp_path / "p"),
+                 "--json"]) == 0
+    plots = json.loads(capsys.readouterr().out)["plots"]
+    assert len(plots) == 8 and all(Path(p).exists() for p in plots)
+    assert main(["bench", "--replot", "--out", str(tmp_path / "none.jsonl")]) == 2
+    assert "no records" in capsys.readouterr().err
+
+
 def test_ncu_parse_prints_the_counter_table(capsys):
     assert main(["ncu", "--parse", str(DATA / "h200-ncu-n4096-d128-h32.csv")]) == 0
     out = capsys.readouterr().out

@@ -44,6 +44,11 @@ def test_gemm_classification_on_real_names():
 def test_base_and_short_names():
     assert dispatch.base_name("void at::native::vectorized_elementwise_kernel<(int)8, X>(int, T)") \
         == "at::native::vectorized_elementwise_kernel"
+    names = anchor_names()
+    assert dispatch.base_name(names["softmax"]) == "at::native::<unnamed>::cunn_SoftMaxForwardReg"
+    assert dispatch.short_name(names["softmax"]) == "cunn_SoftMaxForwardReg"
+    # a generic elementwise kernel is named by the operation it applies
+    assert dispatch.short_name(names["scale"]) == "vectorized_elementwise_kernel[MulFunctor]"
     assert dispatch.base_name("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT") == \
         "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT"
     assert len(dispatch.short_name("x" * 200, 20)) == 20
@@ -78,7 +83,7 @@ def test_chrome_trace_gpu_events_sorted_by_start(tmp_path):
     assert kernels.names() == ["Memset (Device)", names["gemm_qk"], names["softmax"],
                                names["gemm_pv"]]
     assert kernels.gemm_us == pytest.approx(9.0)
-    assert kernels.as_dict()["kernels"][2]["short_name"] == "at::native::<unnamed>::cunn_SoftMaxForwardReg"
+    assert kernels.as_dict()["kernels"][2]["short_name"] == "cunn_SoftMaxForwardReg"
 
 
 def test_a_real_cpu_profiler_trace_has_no_gpu_kernels():

@@ -125,6 +125,11 @@ def test_cases_attach_from_renamed_names_whatever_the_decoration():
                ncu.NcuKernel(2, "stray", None, None, None)]
     ncu.attach_cases(kernels, renamed, [label])
     assert [k.case for k in kernels] == [label, label, None]
+    # as parsed from a CSV, "label/" arrives already split into case and an empty name
+    kernels = [ncu.NcuKernel(0, "gemm_a", None, None, None)]
+    ncu.attach_cases(kernels, ncu.parse_raw_csv(
+        '"ID","Kernel Name"\n"0","' + label + '/"\n'), [label])
+    assert kernels[0].case == label
 
 
 def test_launch_order_fallback_only_when_counts_add_up():
@@ -142,3 +147,82 @@ def test_run_ncu_without_ncu_says_so(tmp_path, monkeypatch):
         pytest.skip("this machine has ncu installed in a standard folder")
     with pytest.raises(RuntimeError, match="ncu .* is not on PATH"):
         ncu.run_ncu([], tmp_path)
+
+
+# ----- run_ncu end to end, with a stand-in for the ncu binary -------------------------------
+FAKE_NCU = '''#!{python}
+"""Stands in for ncu: runs the target for real, then serves a raw-page CSV on --import."""
+import json, subprocess, sys
+from pathlib import Path
+
+args = sys.argv[1:]
+if "--import" in args:
+    kernels = json.loads(Path(args[args.index("--import") + 1]).read_text())
+    renamed = args[args.index("--print-nvtx-rename") + 1] == "kernel"
+    print('"ID","Process ID","Kernel Name","Block Size","Grid Size","dram__bytes_read.sum",'
+          '"dram__bytes_write.sum"')
+    print('"","","","","","byte","byte"')
+    for k in kernels:
+        name = k["case"] + "/" if renamed else k["name"]
+        print(f'"{{k["id"]}}","1","{{name}}","(128, 1, 1)","(132, 1, 1)","{{k["read"]}}",'
+              f'"{{k["write"]}}"')
+    sys.exit(0)
+metrics = args[args.index("--metrics") + 1]
+if "stalled" in metrics and {reject_full}:
+    print("==ERROR== Failed to find metric smsp__average_warps_issue_stalled_x", file=sys.stderr)
+    sys.exit(1)
+target = args[args.index("--force-overwrite") + 1:]
+done = subprocess.run(target)
+cases = json.loads(Path(target[3]).read_text())
+status = json.loads(Path(target[4]).read_text())
+kernels = []
+for case in cases:
+    if status.get(case["label"]) != "ok":
+        continue
+    for name, read, write in {fake_kernels}.get(case["provider"], []):
+        kernels.append({{"id": len(kernels), "name": name, "case": case["label"],
+                        "read": read, "write": write}})
+Path(args[args.index("--export") + 1] + ".ncu-rep").write_text(json.dumps(kernels))
+sys.exit(done.returncode)
+'''
+
+
+def fake_ncu(tmp_path, *, reject_full: bool, kernels: dict) -> str:
+    import sys
+
+    path = tmp_path / "ncu"
+    path.write_text(FAKE_NCU.format(python=sys.executable, reject_full=reject_full,
+                                    fake_kernels=repr(kernels)))
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_run_ncu_orchestrates_profile_import_and_join(tmp_path):
+    from attnlab.measure.cache_model import predict
+    from attnlab.measure.compare import compare_case
+
+    shape = AttentionShape(query_heads=2, kv_heads=2, seqlen_q=32, seqlen_k=32, head_dim=16,
+                           dtype="fp32")
+    predicted = predict("eager", shape)
+    names = ["nvjet_sm90_hsh_fake", "void at::native::vectorized_elementwise_kernel<(int)8, "
+             "at::native::AUnaryFunctor<float, float, float, at::native::MulFunctor<float>>>",
+             "void at::native::<unnamed>::cunn_SoftMaxForward<float>", "nvjet_sm90_hsh_fake2"]
+    kernels = {"eager": [(n, k.read_bytes, k.write_bytes)
+                         for n, k in zip(names, predicted, strict=True)]}
+    binary = fake_ncu(tmp_path, reject_full=True, kernels=kernels)
+    cases = [("eager", "prefill", shape), ("sdpa_flash", "prefill", shape)]
+    run = ncu.run_ncu(cases, tmp_path / "out", ncu=binary, timeout_s=120, device="cpu")
+    # the full metric list was rejected, so the core set was measured, and that is said
+    assert run.metrics == ncu.CORE_METRICS and "core set" in run.notes[0]
+    # the CPU stand-in cannot run sdpa_flash: the target records why, the others still ran
+    eager_label = ncu.case_label("eager", "prefill", shape)
+    assert list(run.failed_cases) == [ncu.case_label("sdpa_flash", "prefill", shape)]
+    assert "needs a CUDA GPU" in next(iter(run.failed_cases.values()))
+    assert [k.case for k in run.kernels] == [eager_label] * 4
+    assert not any("launch order" in note for note in run.notes)  # joined by NVTX names
+    assert run.long_csv.exists() and run.raw_csv.exists()
+    saved = ncu.parse_csv(run.long_csv)
+    assert [(k.case, k.dram_bytes_read) for k in saved] == \
+        [(eager_label, p.read_bytes) for p in predicted]
+    comparison = compare_case("eager", shape, ncu.group_by_case(saved)[eager_label])
+    assert comparison.kernels_match and comparison.relative_error == 0.0

@@ -61,6 +61,8 @@ class AttentionShape:
         dtype_bytes(self.dtype)
         if not isinstance(self.causal, bool):
             raise ValueError(f"causal must be a bool, got {self.causal!r}")
+        if not isinstance(self.window, (tuple, list)):
+            raise ValueError(f"window must be a pair of ints (left, right), got {self.window!r}")
         window = tuple(self.window)
         if len(window) != 2 or any(isinstance(w, bool) or not isinstance(w, int) for w in window):
             raise ValueError(f"window must be a pair of ints (left, right), got {self.window!r}")

@@ -154,6 +154,15 @@ def run_bench(args: argparse.Namespace) -> int:
     from attnlab.measure.sweep import run_sweep
     from attnlab.measure.timing import FLUSH_MODES
 
+    if args.replot:  # plots only read records: no GPU needed
+        from attnlab.measure.plots import plot_records
+
+        written = plot_records(rec.load_records(args.out), args.plots)
+        if args.json:
+            _print_json({"plots": [str(p) for p in written]})
+        else:
+            print(f"{len(written)} plots from {args.out} written to {args.plots}")
+        return 0
     providers = parse_providers(args.providers)
     phases = _phases(args.phase)
     seqlens = _int_list(args.seqlens, "--seqlens")
@@ -232,37 +241,62 @@ def run_kernels(args: argparse.Namespace) -> int:
 
 
 # ----- ncu ---------------------------------------------------------------------------------------
+def _case_name(label: str | None) -> str:
+    from attnlab.measure.ncu import parse_case_label
+
+    if not label:
+        return "-"
+    try:
+        provider, phase, s = parse_case_label(label)
+    except (ValueError, KeyError, StopIteration):
+        return label
+    mask = " causal" if s.causal else ""
+    return (f"{provider} {phase} B{s.batch} H{s.query_heads}/{s.kv_heads} "
+            f"N{s.seqlen_q}x{s.seqlen_k} d{s.head_dim}{mask}")
+
+
 def _ncu_kernel_table(kernels, title: str):
+    """One row per kernel; columns ncu reported for no kernel are left out."""
     from rich.table import Table
 
     from attnlab.measure.dispatch import short_name
 
-    table = Table(title=title, title_justify="left")
-    for column in ("case", "kernel", "CTAs / SMs", "DRAM read MB", "DRAM write MB", "µs",
-                   "SOL comp %", "SOL mem %", "occup. %", "regs", "smem KiB", "inst M",
-                   "top stall (cycles/issue)"):
-        table.add_column(column, justify="left" if column in ("case", "kernel") else "right")
+    def scaled(value, factor):
+        return None if value is None else value / factor
 
     def fmt(value, spec):
         return "-" if value is None else format(value, spec)
 
-    for k in kernels:
-        s = k.summary()
-        stalls = s["warp_stalls"]
-        top = next(iter(stalls.items()), None)
-        case = (k.case or "-").split("|window")[0]
-        table.add_row(
-            case, short_name(k.name, 48),
-            f"{fmt(s['grid_size'], 'd')} / {fmt(s['sms'], 'd')}",
-            fmt(None if s["dram_bytes_read"] is None else s["dram_bytes_read"] / 1e6, ",.2f"),
-            fmt(None if s["dram_bytes_write"] is None else s["dram_bytes_write"] / 1e6, ",.2f"),
-            fmt(None if s["duration_ns"] is None else s["duration_ns"] / 1e3, ",.1f"),
-            fmt(s["sol_compute_pct"], ".1f"), fmt(s["sol_memory_pct"], ".1f"),
-            fmt(s["achieved_occupancy_pct"], ".1f"), fmt(s["registers_per_thread"], "d"),
-            fmt(None if s["shared_bytes_per_block"] is None
-                else s["shared_bytes_per_block"] / 1024, ".1f"),
-            fmt(None if s["instructions"] is None else s["instructions"] / 1e6, ",.1f"),
-            "-" if top is None else f"{top[0]} {top[1]:.2f}")
+    summaries = [k.summary() for k in kernels]
+    columns = [  # (header, value of a summary, format)
+        ("DRAM read MB", lambda s: scaled(s["dram_bytes_read"], 1e6), ",.2f"),
+        ("DRAM write MB", lambda s: scaled(s["dram_bytes_write"], 1e6), ",.2f"),
+        ("µs", lambda s: scaled(s["duration_ns"], 1e3), ",.1f"),
+        ("SOL comp %", lambda s: s["sol_compute_pct"], ".1f"),
+        ("SOL mem %", lambda s: s["sol_memory_pct"], ".1f"),
+        ("occup. %", lambda s: s["achieved_occupancy_pct"], ".1f"),
+        ("regs", lambda s: s["registers_per_thread"], "d"),
+        ("smem KiB", lambda s: scaled(s["shared_bytes_per_block"], 1024), ".1f"),
+        ("inst M", lambda s: scaled(s["instructions"], 1e6), ",.1f"),
+    ]
+    shown = [c for c in columns if any(c[1](s) is not None for s in summaries)]
+    stalls = any(s["warp_stalls"] for s in summaries)
+    table = Table(title=title, title_justify="left")
+    table.add_column("case")
+    table.add_column("kernel")
+    table.add_column("CTAs / SMs", justify="right")
+    for header, _, _ in shown:
+        table.add_column(header, justify="right")
+    if stalls:
+        table.add_column("top stall (cycles/issue)")
+    for k, s in zip(kernels, summaries, strict=True):
+        row = [_case_name(k.case), short_name(k.name, 44),
+               f"{fmt(s['grid_size'], 'd')} / {fmt(s['sms'], 'd')}"]
+        row += [fmt(get(s), spec) for _, get, spec in shown]
+        if stalls:
+            top = next(iter(s["warp_stalls"].items()), None)
+            row.append("-" if top is None else f"{top[0]} {top[1]:.2f}")
+        table.add_row(*row)
     return table
 
 
@@ -397,6 +431,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--plots", type=Path, default=DEFAULT_PLOTS,
                        help=f"folder for PNG/SVG plots (default {DEFAULT_PLOTS})")
     bench.add_argument("--no-plots", action="store_true", help="do not write plots")
+    bench.add_argument("--replot", action="store_true",
+                       help="measure nothing: redraw the plots from the records in --out "
+                            "(works without a GPU)")
     bench.add_argument("--json", action="store_true", help="print records as JSON")
     bench.set_defaults(run=run_bench)
 

@@ -31,7 +31,7 @@ class ForwardConfig:
 
 # The interpreter's cost is per block operation, so moderate tiles are fastest
 # on the CPU, and small enough that test shapes still span several tiles.
-INTERPRETER_CONFIG = ForwardConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
+INTERPRETER_CONFIG = ForwardConfig(block_m=64, block_n=64, num_warps=4, num_stages=1)
 
 
 def length_bucket(seqlen: int) -> int:

@@ -33,6 +33,15 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
+def _mma(a, b, acc, UPCAST: tl.constexpr):
+    """acc + a @ b in fp32.  UPCAST is for Triton 3.6's CPU interpreter only, whose
+    bf16 dot multiplies the raw 16-bit patterns; on a GPU the operands stay 16-bit."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _load_kv_tile(src, stride_n, start_n, offs_d, seqlen_k,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                   MASKED: tl.constexpr, USE_TMA: tl.constexpr):
@@ -98,22 +107,23 @@ def _kv_tiles(
     offs_m, offs_d, kv_start, kv_end,
     seqlen_k, diag_offset, window_left, window_right,
     qk_scale, softcap_log2, softcap_inv,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
 ):
     """Fold KV tiles [kv_start, kv_end) into the running softmax state (m_i, l_i, acc)."""
     for start_n in range(kv_start, kv_end, BLOCK_N):
         k = _load_kv_tile(k_src, stride_kn, start_n, offs_d, seqlen_k,
                           BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)
-        qk = tl.dot(q, tl.trans(k))
+        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST_DOT)
         p, alpha, m_i, l_i = _online_softmax_step(
             qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, window_left, window_right,
             qk_scale, softcap_log2, softcap_inv, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
         v = _load_kv_tile(v_src, stride_vn, start_n, offs_d, seqlen_k,
                           BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = _mma(p.to(v.dtype), v, acc, UPCAST_DOT)
     return acc, l_i, m_i
 
 
@@ -139,7 +149,7 @@ def _attn_fwd(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    REVERSE_M: tl.constexpr, USE_TMA: tl.constexpr,
+    REVERSE_M: tl.constexpr, USE_TMA: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     # Query blocks of one head run next to each other so they share its K/V in L2;
     # with a causal band the last blocks do the most work, so they start first.
@@ -207,19 +217,22 @@ def _attn_fwd(
         acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
         kv_lo, full_lo, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA)
+        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA,
+        UPCAST_DOT)
     # Stage 2: tiles wholly inside the band (no mask).
     acc, l_i, m_i = _kv_tiles(
         acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
         full_lo, full_hi, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA)
+        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA,
+        UPCAST_DOT)
     # Stage 3: diagonal tiles and the ragged last tile (element mask).
     acc, l_i, m_i = _kv_tiles(
         acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
         full_hi, kv_hi, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA)
+        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA,
+        UPCAST_DOT)
 
     # One division per row, at the end.  A row with no visible key has l = 0:
     # it outputs zeros and LSE = -inf.
@@ -321,6 +334,7 @@ def flash_forward(
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
         REVERSE_M=has_right, USE_TMA=use_tma,
+        UPCAST_DOT=kernel_is_interpreted() and q.dtype == torch.bfloat16,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out, lse

@@ -65,9 +65,25 @@ def is_gemm(name: str) -> bool:
         and not _ATTENTION_HINT.search(name)
 
 
+_ELEMENTWISE = ("vectorized_elementwise_kernel", "elementwise_kernel",
+                "unrolled_elementwise_kernel", "distribution_elementwise_grid_stride_kernel")
+_FUNCTOR = re.compile(r"(\w*Functor\w*|masked_fill\w*|bitwise_not\w*|copy_kernel\w*|"
+                      r"\w+_kernel_cuda|normal_kernel)")
+_WRAPPER = re.compile(r"(A|B)?Unary\w*Functor|Binary\w*Functor")
+
+
 def short_name(name: str, width: int = 72) -> str:
+    """The kernel's own name without namespaces; a generic elementwise kernel also says
+    which operation it applies (``vectorized_elementwise_kernel[MulFunctor]``)."""
     base = base_name(name)
-    return base if len(base) <= width else base[: width - 1] + "…"
+    tail = base.split("::")[-1] or base
+    if tail in _ELEMENTWISE:
+        found = _FUNCTOR.findall(name)
+        # AUnaryFunctor/BinaryFunctor wrap the operation (MulFunctor): name the operation
+        specific = [f for f in found if not _WRAPPER.match(f)]
+        if found:
+            tail = f"{tail}[{(specific or found)[0]}]"
+    return tail if len(tail) <= width else tail[: width - 1] + "…"
 
 
 @dataclass(frozen=True)

@@ -365,14 +365,18 @@ def attach_cases(kernels: list[NcuKernel], renamed: list[NcuKernel],
     by_id = {k.id: k for k in renamed}
     for kernel in kernels:
         other = by_id.get(kernel.id)
-        if other is None or other.name == kernel.name:
+        if other is None:
             continue
-        known = [label for label in labels if label in other.name]
+        # the parser may already have split "case/kernel"; look at the whole renamed text
+        text = f"{other.case}/{other.name}" if other.case else other.name
+        if text == kernel.name:
+            continue  # not renamed: this kernel ran outside any range
+        known = [label for label in labels if label in text]
         if known:
             kernel.case = max(known, key=len)
             continue
-        case, _ = _split_case(other.name)
-        kernel.case = case if case is not None else other.name.rstrip("/")
+        case, _ = _split_case(text)
+        kernel.case = case if case is not None else (text.rstrip("/") or None)
     return kernels
 
 
@@ -447,8 +451,12 @@ def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
 
 def run_ncu(cases: Sequence[tuple[str, str, AttentionShape]], out_dir: str | Path, *,
             ncu: str | None = None, metrics: Sequence[str] = tuple(METRICS),
-            timeout_s: float = 600.0, python: str = sys.executable) -> NcuRun:
-    """Profile (provider, phase, shape) cases in one ncu session; parse and save its CSVs."""
+            timeout_s: float = 600.0, python: str = sys.executable,
+            device: str = "cuda") -> NcuRun:
+    """Profile (provider, phase, shape) cases in one ncu session; parse and save its CSVs.
+
+    ``device`` is where the target runs the cases ("cpu" only for testing this
+    orchestration with a stand-in for ncu)."""
     ncu = ncu or find_ncu()
     if ncu is None:
         raise RuntimeError("ncu (Nsight Compute) is not on PATH, in $NCU or in /usr/local/cuda/bin")
@@ -456,8 +464,8 @@ def run_ncu(cases: Sequence[tuple[str, str, AttentionShape]], out_dir: str | Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     cases_path, status_path = out_dir / "ncu_cases.json", out_dir / "ncu_status.json"
     cases_path.write_text(json.dumps([
-        {"label": case_label(p, ph, s), "provider": p, "phase": ph, "shape": s.as_dict()}
-        for p, ph, s in cases], indent=1), encoding="utf-8")
+        {"label": case_label(p, ph, s), "provider": p, "phase": ph, "shape": s.as_dict(),
+         "device": device} for p, ph, s in cases], indent=1), encoding="utf-8")
     report = out_dir / "ncu_report"
     target = [python, "-m", "attnlab.measure.ncu", str(cases_path), str(status_path)]
     notes: list[str] = []
@@ -521,19 +529,22 @@ def main_target(argv: Sequence[str] | None = None) -> int:
     status: dict[str, str] = {}
     for case in cases:
         label = case["label"]
+        device = case.get("device", "cuda")
         profiling = False
         try:
             shape = AttentionShape.from_dict(case["shape"])
-            call = prepare(provider(case["provider"]), shape, case["phase"], "cuda")
+            call = prepare(provider(case["provider"]), shape, case["phase"], device)
             inputs = call.inputs(seed=0)
             call.call(*inputs)   # warm-up: compile, autotune, allocate
             call.call(*inputs)
-            torch.cuda.synchronize()
-            torch.cuda.profiler.start()
-            torch.cuda.nvtx.range_push(label)
-            profiling = True
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.profiler.start()
+                torch.cuda.nvtx.range_push(label)
+                profiling = True
             call.call(*inputs)
-            torch.cuda.synchronize()
+            if device == "cuda":
+                torch.cuda.synchronize()
             status[label] = "ok"
         except Exception as error:  # one case failing must not lose the others
             status[label] = f"{type(error).__name__}: {error}"[:500]
@@ -542,7 +553,8 @@ def main_target(argv: Sequence[str] | None = None) -> int:
             if profiling:
                 torch.cuda.nvtx.range_pop()
                 torch.cuda.profiler.stop()
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
     Path(args[1]).write_text(json.dumps(status, indent=1))
     return 0
 

@@ -77,7 +77,7 @@ def torch_dtype(name: str):
     return getattr(torch, _TORCH_DTYPES[name])
 
 
-def hidden_mask(shape: AttentionShape, device, *, rows: int | None = None):
+def hidden_mask(shape: AttentionShape, device):
     """Boolean (seqlen_q, seqlen_k), True where a query may NOT see a key (bottom-right
     causal and window, attnlab's convention); None when nothing is hidden."""
     import torch
@@ -87,11 +87,10 @@ def hidden_mask(shape: AttentionShape, device, *, rows: int | None = None):
     left, right = shape.window
     if shape.causal:
         right = 0 if right < 0 else min(right, 0)
-    seqlen_q = shape.seqlen_q if rows is None else rows
     offset = shape.seqlen_k - shape.seqlen_q
-    query = torch.arange(seqlen_q, device=device)[:, None] + offset
+    query = torch.arange(shape.seqlen_q, device=device)[:, None] + offset
     key = torch.arange(shape.seqlen_k, device=device)[None, :]
-    hidden = torch.zeros(seqlen_q, shape.seqlen_k, dtype=torch.bool, device=device)
+    hidden = torch.zeros(shape.seqlen_q, shape.seqlen_k, dtype=torch.bool, device=device)
     if right >= 0:
         hidden |= key > query + right
     if left >= 0:
@@ -131,6 +130,8 @@ def _build_eager(shape: AttentionShape, phase: str, device):
     group, seqlen_q, dim = shape.group_size, shape.seqlen_q, shape.head_dim
     scale = _scale(shape)
     hidden = hidden_mask(shape, device)
+    if hidden is not None and not bool(hidden.any()):
+        hidden = None  # e.g. causal decode: the one query sees every key, nothing to mask
     # Query heads of one group stacked as rows: one GEMM against their shared K, no copy.
     grouped_hidden = None if hidden is None else hidden.repeat(group, 1)
 
@@ -238,8 +239,18 @@ def _compiled_flex():
     global _COMPILED_FLEX
     if _COMPILED_FLEX is None:
         import torch
+        import torch._dynamo
         from torch.nn.attention.flex_attention import flex_attention
 
+        # Every swept shape is one recompile; past dynamo's limit (8 by default) it would
+        # quietly run flex_attention un-compiled — a different implementation.
+        # Raise the limit, and make hitting it an error rather than a silent fallback.
+        config = torch._dynamo.config
+        for limit in ("recompile_limit", "cache_size_limit"):
+            if hasattr(config, limit):
+                setattr(config, limit, max(getattr(config, limit), 64))
+        if hasattr(config, "fail_on_recompile_limit_hit"):
+            config.fail_on_recompile_limit_hit = True
         _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
     return _COMPILED_FLEX
 

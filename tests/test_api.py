@@ -1,0 +1,167 @@
+"""The public calls: layouts, dispatch, drop-in behaviour, and every bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attnlab
+from attnlab import attention, flash_attn_func, last_impl
+from attnlab.accuracy import check_accuracy
+from attnlab.kernels.forward import kernel_is_interpreted
+
+triton_runs_here = torch.cuda.is_available() or kernel_is_interpreted()
+needs_triton = pytest.mark.skipif(not triton_runs_here,
+                                  reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def bshd(batch=2, seqlen_q=37, seqlen_k=53, heads=4, kv_heads=2, head_dim=32,
+         dtype=torch.float16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(n, h):
+        return torch.randn(batch, n, h, head_dim, generator=gen).to(dtype).to(DEVICE)
+
+    return rand(seqlen_q, heads), rand(seqlen_k, kv_heads), rand(seqlen_k, kv_heads)
+
+
+@needs_triton
+def test_flash_attn_func_is_a_drop_in():
+    q, k, v = bshd()
+    out = flash_attn_func(q, k, v, causal=True, impl="triton")
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert last_impl() == "triton"
+    out2, lse, probs = flash_attn_func(q, k, v, causal=True, return_attn_probs=True, impl="triton")
+    assert probs is None and torch.equal(out, out2)
+    assert lse.shape == (2, 4, 37) and lse.dtype == torch.float32
+    assert check_accuracy(out2.cpu(), lse.cpu(), q.cpu(), k.cpu(), v.cpu(), causal=True,
+                          layout="bshd").passed
+
+
+@needs_triton
+def test_sdpa_layout_matches_flash_layout():
+    q, k, v = bshd(seed=1)
+    ours_bshd = flash_attn_func(q, k, v, causal=True, softmax_scale=0.3, impl="triton")
+    ours_bhsd = attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, scale=0.3,
+                          enable_gqa=True, impl="triton")
+    assert torch.equal(ours_bshd, ours_bhsd.transpose(1, 2))
+
+
+@needs_triton
+def test_triton_agrees_with_the_reference_impl():
+    q, k, v = bshd(seed=2)
+    fast = flash_attn_func(q, k, v, window_size=(8, 3), impl="triton")
+    slow = flash_attn_func(q.cpu(), k.cpu(), v.cpu(), window_size=(8, 3), impl="reference")
+    assert last_impl() == "reference"
+    assert (fast.cpu().float() - slow.float()).abs().max() < 1e-2
+
+
+def test_auto_on_cpu_runs_the_reference():
+    q, k, v = (t.cpu() for t in bshd(seed=3))
+    out = flash_attn_func(q, k, v, causal=True)
+    assert last_impl() == ("reference")
+    assert check_accuracy(out, flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[1],
+                          q, k, v, causal=True, layout="bshd").passed
+
+
+def test_reference_impl_accepts_float32_and_float64():
+    for dtype in (torch.float32, torch.float64):
+        q, k, v = (t.cpu() for t in bshd(dtype=dtype, seed=4))
+        out, lse = attention(*(t.transpose(1, 2) for t in (q, k, v)), enable_gqa=True,
+                             impl="reference", return_lse=True)
+        assert out.dtype == dtype and torch.isfinite(lse).all()
+
+
+@needs_triton
+def test_custom_op_compiles_without_graph_breaks():
+    q, k, v = bshd(seed=5)
+
+    def step(q, k, v):
+        return flash_attn_func(q, k, v, causal=True, impl="triton") * 2.0
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(q, k, v), step(q, k, v))
+
+
+@needs_triton
+def test_backward_says_it_is_not_there():
+    q, k, v = (t.requires_grad_() for t in bshd(seed=6))
+    out = flash_attn_func(q, k, v, impl="triton")
+    with pytest.raises(NotImplementedError, match="backward"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"dropout_p": 0.1}, NotImplementedError, "dropout_p"),
+    ({"alibi_slopes": torch.ones(4)}, NotImplementedError, "alibi_slopes"),
+    ({"window_size": (-2, 0)}, ValueError, "window_size"),
+    ({"window_size": 5}, TypeError, "window_size"),
+    ({"softcap": -1.0}, ValueError, "softcap"),
+    ({"causal": "yes"}, TypeError, "causal"),
+    ({"softmax_scale": 0.0}, ValueError, "scale"),
+    ({"impl": "cuda"}, ValueError, "unknown impl 'cuda'; expected one of auto, triton, reference"),
+])
+def test_bad_options_are_named(kwargs, error, match):
+    q, k, v = (t.cpu() for t in bshd())
+    with pytest.raises(error, match=match):
+        flash_attn_func(q, k, v, **kwargs)
+
+
+def test_bad_tensors_are_named():
+    q, k, v = (t.cpu() for t in bshd())
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        flash_attn_func(q.numpy(), k, v)
+    with pytest.raises(ValueError, match="4-D"):
+        flash_attn_func(q[0], k, v)
+    with pytest.raises(TypeError, match="share a dtype"):
+        flash_attn_func(q, k.float(), v)
+    with pytest.raises(ValueError, match="kv heads .3. must divide query heads .4."):
+        flash_attn_func(q, k[:, :, :1].expand(-1, -1, 3, -1), v[:, :, :1].expand(-1, -1, 3, -1))
+    with pytest.raises(ValueError, match="head_dim"):
+        flash_attn_func(q, k[..., :16], v[..., :16])
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        attention(*(t.transpose(1, 2) for t in (q, k, v)))
+
+
+@needs_triton
+def test_triton_rejects_float32_and_huge_head_dims():
+    q, k, v = bshd()
+    with pytest.raises(TypeError, match="torch.float16 or torch.bfloat16"):
+        flash_attn_func(q.float(), k.float(), v.float(), impl="triton")
+    big = [torch.zeros(1, 4, 1, 288, dtype=torch.float16, device=DEVICE) for _ in range(3)]
+    with pytest.raises(ValueError, match="head_dim must be <= 256"):
+        flash_attn_func(*big, impl="triton")
+
+
+@needs_triton
+def test_inner_stride_other_than_one_costs_one_copy_and_stays_right():
+    q, k, v = bshd(seed=7)
+    q_strided = torch.empty(*q.shape, 2, dtype=q.dtype, device=q.device)[..., 0]
+    q_strided.copy_(q)
+    assert q_strided.stride(-1) == 2
+    assert torch.equal(flash_attn_func(q_strided, k, v, impl="triton"),
+                       flash_attn_func(q, k, v, impl="triton"))
+
+
+def test_triton_on_cpu_without_interpreter_is_a_clear_error():
+    code = ("import torch, attnlab\n"
+            "q = torch.zeros(1, 4, 1, 32, dtype=torch.float16)\n"
+            "try:\n"
+            "    attnlab.flash_attn_func(q, q, q, impl='triton')\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                            timeout=120)
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present, so CPU tensors are the only way to hit this path")
+    assert "TRITON_INTERPRET=1" in result.stdout, result.stderr
+
+
+def test_public_api_is_exported():
+    assert {"flash_attn_func", "attention", "last_impl", "AttentionShape"} <= set(attnlab.__all__)
