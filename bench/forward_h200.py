@@ -133,7 +133,7 @@ TUNE_GROUPS = {
 
 def candidate_configs(head_dim: int, masked: bool) -> list[ForwardConfig]:
     """Run 1 (bench/results/runs/2026-11-29-run1) pruned the space: 128-row tiles
-    want 8 warps, 64-row tiles 4; TMA with 2 stages crashes ptxas (Triton 3.6)."""
+    want 8 warps, 64-row tiles 4; K/V through TMA gained nothing (bench/NOTES.md)."""
     shapes = [(64, 64, 4), (64, 128, 4), (128, 64, 8), (128, 128, 8)]
     if head_dim == 256:
         shapes = [(64, 32, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8), (64, 64, 8)]
@@ -144,8 +144,6 @@ def candidate_configs(head_dim: int, masked: bool) -> list[ForwardConfig]:
             if smem > 228 * 1024:
                 continue
             configs.append(ForwardConfig(block_m, block_n, warps, stages))
-            if stages >= 3:
-                configs.append(ForwardConfig(block_m, block_n, warps, stages, use_tma=True))
     return configs
 
 
@@ -354,7 +352,7 @@ def main() -> int:
         print("\nTUNED = {")
         for (d, m, b), c in sorted(tuned.items()):
             print(f"    ({d}, {m}, {b}): ForwardConfig({c.block_m}, {c.block_n}, {c.num_warps}, "
-                  f"{c.num_stages}{', use_tma=True' if c.use_tma else ''}),")
+                  f"{c.num_stages}),")
         print("}")
     failures = phase_correct(env, args.out) if "correct" in phases else 0
     table = []

@@ -18,9 +18,6 @@ class ForwardConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    # K/V through the Hopper tensor-memory accelerator (needs 16-byte aligned rows
-    # and a power-of-two head dim; the launcher drops it where that does not hold).
-    use_tma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -42,24 +39,49 @@ def length_bucket(seqlen: int) -> int:
     return bucket
 
 
-# (head_dim_pad, masked) -> config, before per-bucket overrides.  Starting points
-# from Triton's Hopper tutorial and FlexAttention's H100 defaults; replaced by
-# tuned entries as measurements land.
+# (head_dim_pad, masked) -> config where no tuned bucket applies: the 4k winners for
+# d=64/128/256; d<=32 keep Triton's Hopper tutorial's shape (not tuned yet).
 _BASE: dict[tuple[int, bool], ForwardConfig] = {
     (16, False): ForwardConfig(128, 64, 4, 3),
     (32, False): ForwardConfig(128, 64, 4, 3),
-    (64, False): ForwardConfig(128, 128, 4, 3),
+    (64, False): ForwardConfig(128, 64, 8, 3),
     (128, False): ForwardConfig(128, 128, 8, 3),
     (256, False): ForwardConfig(128, 64, 8, 2),
     (16, True): ForwardConfig(128, 64, 4, 3),
     (32, True): ForwardConfig(128, 64, 4, 3),
-    (64, True): ForwardConfig(128, 64, 4, 3),
+    (64, True): ForwardConfig(128, 64, 8, 3),
     (128, True): ForwardConfig(128, 64, 8, 3),
     (256, True): ForwardConfig(128, 64, 8, 2),
 }
 
-# (head_dim_pad, masked, length_bucket) -> tuned config.
-TUNED: dict[tuple[int, bool, int], ForwardConfig] = {}
+# (head_dim_pad, masked, length_bucket) -> the fastest accurate config measured on the
+# H200 (bf16; bench/results/runs/2026-11-29-run2/forward_tuning.jsonl, commit 424a369).
+# Buckets the run did not cover fall back to _BASE.
+TUNED: dict[tuple[int, bool, int], ForwardConfig] = {
+    (64, False, 1024): ForwardConfig(128, 64, 8, 3),
+    (64, False, 2048): ForwardConfig(128, 64, 8, 3),
+    (64, False, 4096): ForwardConfig(128, 64, 8, 4),
+    (64, False, 8192): ForwardConfig(128, 64, 8, 3),
+    (64, False, 16384): ForwardConfig(128, 64, 8, 4),
+    (64, True, 1024): ForwardConfig(64, 64, 4, 3),
+    (64, True, 2048): ForwardConfig(128, 64, 8, 3),
+    (64, True, 4096): ForwardConfig(128, 64, 8, 3),
+    (64, True, 8192): ForwardConfig(128, 64, 8, 3),
+    (64, True, 16384): ForwardConfig(128, 64, 8, 3),
+    (128, False, 1024): ForwardConfig(128, 64, 8, 3),
+    (128, False, 2048): ForwardConfig(128, 128, 8, 3),
+    (128, False, 4096): ForwardConfig(128, 128, 8, 3),
+    (128, False, 8192): ForwardConfig(128, 128, 8, 3),
+    (128, False, 16384): ForwardConfig(128, 128, 8, 3),
+    (128, True, 1024): ForwardConfig(64, 64, 4, 3),
+    (128, True, 2048): ForwardConfig(128, 64, 8, 3),
+    (128, True, 4096): ForwardConfig(128, 64, 8, 3),
+    (128, True, 8192): ForwardConfig(128, 128, 8, 3),
+    (128, True, 16384): ForwardConfig(128, 128, 8, 3),
+    (256, True, 1024): ForwardConfig(128, 64, 8, 2),
+    (256, True, 4096): ForwardConfig(128, 64, 8, 2),
+    (256, True, 16384): ForwardConfig(128, 64, 8, 2),
+}
 
 
 def forward_config(head_dim_pad: int, seqlen_q: int, seqlen_k: int, masked: bool, *,

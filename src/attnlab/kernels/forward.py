@@ -42,18 +42,13 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _load_kv_tile(src, stride_n, start_n, offs_d, seqlen_k,
+def _load_kv_tile(base, stride_n, start_n, offs_d, seqlen_k,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                  MASKED: tl.constexpr, USE_TMA: tl.constexpr):
-    """One (BLOCK_N, HEAD_DIM_PAD) tile of K or V; rows past seqlen_k and padded columns read 0.
-
-    ``src`` is a TMA descriptor when USE_TMA (it zero-fills out-of-range rows by
-    itself), else the base pointer of this (batch, kv head).
-    """
-    if USE_TMA:
-        return src.load([start_n, 0])
+                  MASKED: tl.constexpr):
+    """One (BLOCK_N, HEAD_DIM_PAD) tile of K or V from this (batch, kv head)'s base pointer;
+    rows past seqlen_k and padded columns read 0."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    ptrs = src + offs_n[:, None] * stride_n + offs_d[None, :]
+    ptrs = base + offs_n[:, None] * stride_n + offs_d[None, :]
     if MASKED:
         # A band-edge tile may also be the ragged last tile of the sequence.
         return tl.load(ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
@@ -102,26 +97,25 @@ def _online_softmax_step(qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset,
 @triton.jit
 def _kv_tiles(
     acc, l_i, m_i, q,
-    k_src, v_src,
+    k_base, v_base,
     stride_kn, stride_vn,
     offs_m, offs_d, kv_start, kv_end,
     seqlen_k, diag_offset, window_left, window_right,
     qk_scale, softcap_log2, softcap_inv,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, USE_TMA: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     """Fold KV tiles [kv_start, kv_end) into the running softmax state (m_i, l_i, acc)."""
     for start_n in range(kv_start, kv_end, BLOCK_N):
-        k = _load_kv_tile(k_src, stride_kn, start_n, offs_d, seqlen_k,
-                          BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)
+        k = _load_kv_tile(k_base, stride_kn, start_n, offs_d, seqlen_k,
+                          BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST_DOT)
         p, alpha, m_i, l_i = _online_softmax_step(
             qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, window_left, window_right,
             qk_scale, softcap_log2, softcap_inv, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
-        v = _load_kv_tile(v_src, stride_vn, start_n, offs_d, seqlen_k,
-                          BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED, USE_TMA)
+        v = _load_kv_tile(v_base, stride_vn, start_n, offs_d, seqlen_k,
+                          BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
         acc = acc * alpha[:, None]
         acc = _mma(p.to(v.dtype), v, acc, UPCAST_DOT)
     return acc, l_i, m_i
@@ -149,7 +143,7 @@ def _attn_fwd(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    REVERSE_M: tl.constexpr, USE_TMA: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    REVERSE_M: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     # Query blocks of one head run next to each other so they share its K/V in L2;
     # with a causal band the last blocks do the most work, so they start first.
@@ -171,14 +165,6 @@ def _attn_fwd(
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)
     k_base = K + off_b * stride_kb + off_hk * stride_kh
     v_base = V + off_b * stride_vb + off_hk * stride_vh
-    if USE_TMA:
-        k_src = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM])
-        v_src = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_vn, 1],
-                                          block_shape=[BLOCK_N, HEAD_DIM])
-    else:
-        k_src = k_base
-        v_src = v_base
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -214,25 +200,22 @@ def _attn_fwd(
 
     # Stage 1: tiles cut by the window's left edge (element mask).
     acc, l_i, m_i = _kv_tiles(
-        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
         kv_lo, full_lo, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA,
-        UPCAST_DOT)
+        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
     # Stage 2: tiles wholly inside the band (no mask).
     acc, l_i, m_i = _kv_tiles(
-        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
         full_lo, full_hi, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA,
-        UPCAST_DOT)
+        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
     # Stage 3: diagonal tiles and the ragged last tile (element mask).
     acc, l_i, m_i = _kv_tiles(
-        acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, offs_m, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
         full_hi, kv_hi, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, USE_TMA,
-        UPCAST_DOT)
+        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
 
     # One division per row, at the end.  A row with no visible key has l = 0:
     # it outputs zeros and LSE = -inf.
@@ -267,26 +250,6 @@ def _bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def _tma_ok(k: torch.Tensor, v: torch.Tensor, head_dim: int, head_dim_pad: int, layout: str) -> bool:
-    """TMA needs a Hopper GPU, an unpadded head dim and 16-byte aligned rows and bases."""
-    if not k.is_cuda or torch.cuda.get_device_capability(k.device)[0] < 9 or head_dim != head_dim_pad:
-        return False
-    row_strides = [_bhs_strides(t, layout)[2] * t.element_size() for t in (k, v)]
-    return all(s % 16 == 0 for s in row_strides) and all(t.data_ptr() % 16 == 0 for t in (k, v))
-
-
-_allocator_set = False
-
-
-def _ensure_descriptor_allocator() -> None:
-    # Device-side descriptors live in a small global scratch buffer that Triton asks for.
-    global _allocator_set
-    if not _allocator_set:
-        triton.set_allocator(
-            lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _allocator_set = True
-
-
 def flash_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     layout: str, scale: float, causal: bool = False,
@@ -318,10 +281,6 @@ def flash_forward(
         config = forward_config(head_dim_pad, seqlen_q, seqlen_k, has_left or has_right,
                                 interpreted=kernel_is_interpreted())
 
-    use_tma = config.use_tma and _tma_ok(k, v, head_dim, head_dim_pad, layout)
-    if use_tma:
-        _ensure_descriptor_allocator()
-
     grid = (triton.cdiv(seqlen_q, config.block_m), batch * num_heads)
     _attn_fwd[grid](
         q, k, v, out, lse,
@@ -333,7 +292,7 @@ def flash_forward(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
-        REVERSE_M=has_right, USE_TMA=use_tma,
+        REVERSE_M=has_right,
         UPCAST_DOT=kernel_is_interpreted() and q.dtype == torch.bfloat16,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
