@@ -165,3 +165,20 @@ def test_triton_on_cpu_without_interpreter_is_a_clear_error():
 
 def test_public_api_is_exported():
     assert {"flash_attn_func", "attention", "last_impl", "AttentionShape"} <= set(attnlab.__all__)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_capture_and_replay():
+    q, k, v = bshd(seqlen_q=512, seqlen_k=512, head_dim=128, seed=8)
+    expected = flash_attn_func(q, k, v, causal=True)
+    static_out = flash_attn_func(q, k, v, causal=True)  # warm: compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = flash_attn_func(q, k, v, causal=True)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, flash_attn_func(q, k, v, causal=True))
+    assert not torch.equal(static_out, expected)

@@ -42,8 +42,7 @@ def make_qkv(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, layout
 def run_and_check(q, k, v, *, layout="bshd", config=None, **options):
     scale = options.pop("scale", 1.0 / math.sqrt(q.shape[-1]))
     out, lse = flash_forward(q, k, v, layout=layout, scale=scale, config=config, **options)
-    result = check_accuracy(out.cpu(), lse.cpu(), q.cpu(), k.cpu(), v.cpu(), scale=scale,
-                            layout=layout, **options)
+    result = check_accuracy(out, lse, q, k, v, scale=scale, layout=layout, **options)
     assert result.passed, result
     return out, lse
 
