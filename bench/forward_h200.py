@@ -255,6 +255,10 @@ def sdpa_provider(backend_name):
 def flex_provider():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    # Every shape is a recompile; past dynamo's default limit (8) flex would silently run
+    # uncompiled (run 2 measured 14 TFLOP/s that way), so raise it and fail loudly instead.
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     compiled = torch.compile(flex_attention, dynamic=False)
 
     def build(shape, q, k, v):

@@ -8,16 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.model.amdahl import amdahl_speedup
-from attnlab.report.attribution import build_report
-from attnlab.report.decoder import (
+from attnlab.measure.decoder import (
     DecoderConfig,
     attention_flops,
     build_decoder,
     eager_attention,
     prompt,
 )
-from attnlab.report.measure import measurement_workload, run_measurement
+from attnlab.measure.end_to_end import measurement_workload, run_measurement
+from attnlab.model.amdahl import amdahl_speedup
+from attnlab.report.attribution import build_report
 from attnlab.report.render import narrative, render_html
 
 TINY = DecoderConfig(layers=1, hidden=64, query_heads=4, kv_heads=2, head_dim=16, mlp_hidden=128,
@@ -115,7 +115,7 @@ def test_attnlab_attention_core_matches_eager_through_the_public_api():
 
     if not hasattr(attnlab, "attention"):
         pytest.skip("attnlab.attention is not exported yet")
-    from attnlab.report.decoder import attnlab_attention
+    from attnlab.measure.decoder import attnlab_attention
 
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 37, 16, generator=generator, dtype=torch.float64)

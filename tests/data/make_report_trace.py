@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from attnlab.report.decoder import DecoderConfig, build_decoder, eager_attention, prompt
+from attnlab.measure.decoder import DecoderConfig, build_decoder, eager_attention, prompt
 
 CONFIG = DecoderConfig(layers=2, hidden=256, query_heads=4, kv_heads=2, head_dim=64,
                        mlp_hidden=688, vocab=1000, prompt_tokens=512)

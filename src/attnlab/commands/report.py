@@ -53,7 +53,7 @@ def build(args: argparse.Namespace) -> dict:
         if args.file or args.trace or args.records or args.kernel_speedup is not None:
             raise ValueError("--measure builds its own workload; drop FILE, --trace, --records "
                              "and --kernel-speedup")
-        from attnlab.report import measure
+        from attnlab.measure import end_to_end as measure
 
         measure.require_cuda()
         trace_dir = args.out if args.out else Path("attnlab-measure")

@@ -57,7 +57,7 @@ gemm           ``gemm``, ``gemv``, ``cutlass``, ``cublas``,          sm90_xmma_g
 Why a scope rule: eager attention's ``Q K^T`` and ``P V`` are batched matrix
 multiplies whose kernels have GEMM names; only the code around them says they are
 attention.  Wrap the attention core (not the Q/K/V/O projections) in
-``torch.profiler.record_function("attention")`` -- :mod:`attnlab.report.decoder` does --
+``torch.profiler.record_function("attention")`` -- :mod:`attnlab.measure.decoder` does --
 and they count as attention.  Module scopes such as ``nn.Module: LlamaAttention`` are
 deliberately *not* matched: they include the projections, which the lesson counts
 outside attention.  ``softmax`` assumes the prefill's only softmax is attention's

@@ -1,7 +1,7 @@
 """``attnlab report --measure``: test the report's Amdahl projection against a real prefill.
 
 On a CUDA machine: build a small decoder with random weights
-(:mod:`attnlab.report.decoder`), run its prefill with eager attention under
+(:mod:`attnlab.measure.decoder`), run its prefill with eager attention under
 ``torch.profiler``, derive the attention time share ``f`` from the exported Chrome
 trace with the same classifier ``--trace`` uses, time attention alone (eager vs
 attnlab's Triton kernel, same shape) for ``S_kernel``, project the end-to-end
@@ -142,7 +142,7 @@ def run_measurement(config=None, *, device="cuda", dtype=None, candidate=None,
     """
     import torch
 
-    from attnlab.report.decoder import (
+    from attnlab.measure.decoder import (
         DecoderConfig,
         attnlab_attention,
         build_decoder,
