@@ -168,8 +168,12 @@ def latency_charts(records: list[dict], phase: str) -> list[dict]:
         family["series"][series_key][x] = record
         family["records"].append(record)
     charts = []
-    for family in sorted(families.values(), key=lambda f: _family_title(f["shape"], f["gpu"],
-                                                                        phase)):
+    # Longest sweeps first: the default chart should be a curve, not a single point.
+    def order(family):
+        lengths = {x for points in family["series"].values() for x in points}
+        return (-len(lengths), _family_title(family["shape"], family["gpu"], phase))
+
+    for family in sorted(families.values(), key=order):
         if not family["series"]:
             continue
         xs = sorted({x for points in family["series"].values() for x in points})
