@@ -121,19 +121,26 @@ def _kernel_summary(names: list[str]) -> str:
     return shown + (f" (+{len(names) - 2} more)" if len(names) > 2 else "")
 
 
+def _short_shape(shape: dict) -> str:
+    mask = "causal" if shape.get("causal") else "full"
+    return (f"B{shape['batch']} H{shape['query_heads']}/{shape['kv_heads']} d{shape['head_dim']} "
+            f"{shape['dtype']} {mask}")
+
+
 def records_table(records: list[dict], title: str):
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    for column in ("phase", "provider", "N", "median ms (p20-p80)", "TFLOP/s", "TB/s",
+    for column in ("phase", "shape", "provider", "N", "median ms (p20-p80)", "TFLOP/s", "TB/s",
                    "kernels that ran (or why not measured)"):
         table.add_column(column, justify="right" if column in ("N", "TFLOP/s", "TB/s") else "left")
     for r in records:
         n = r["shape"].get("seqlen_k" if r["phase"] == "decode" else "seqlen_q", "")
+        shape = _short_shape(r["shape"])
         if r["metric"] == "skipped":
-            table.add_row(r["phase"], r["provider"], str(n), "-", "-", "-", r["reason"])
+            table.add_row(r["phase"], shape, r["provider"], str(n), "-", "-", "-", r["reason"])
         else:
-            table.add_row(r["phase"], r["provider"], str(n),
+            table.add_row(r["phase"], shape, r["provider"], str(n),
                           f"{r['p50']:.4f} ({r['p20']:.4f}-{r['p80']:.4f})",
                           f"{r['tflops']:.1f}" if r["tflops"] is not None else "-",
                           f"{r['tbps']:.2f}" if r["tbps"] is not None else "-",
@@ -500,7 +507,7 @@ def _summarise_committed(console) -> None:
                   f"{', '.join(sorted({r['gpu'] for r in records}))})")
     if latency:
         def order(r):
-            return r["phase"], r["provider"], r["shape"]["seqlen_k"]
+            return r["phase"], _short_shape(r["shape"]), r["provider"], r["shape"]["seqlen_k"]
 
         console.print(records_table(sorted(latency, key=order)[:40],
                                     "committed latency records (first 40)"))
