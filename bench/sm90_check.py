@@ -1,0 +1,90 @@
+"""The Gluon sm_90 forward against the accuracy rule and against the Triton kernel and cuDNN.
+
+    ATTNLAB_GIT_COMMIT=<sha> PYTHONPATH=src python3 bench/sm90_check.py --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+from triton.testing import do_bench
+
+from attnlab.accuracy import check_accuracy
+from attnlab.kernels.configs import forward_config
+from attnlab.kernels.forward import flash_forward
+
+
+def rand(shape, dtype, gen):
+    return torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, failures = [], 0
+    cases = []
+    for d in (64, 128):
+        for causal in (False, True):
+            for (nq, nk) in ((1, 1), (1, 239), (113, 203), (128, 217), (1023, 1024), (1024, 1024),
+                             (2000, 2000), (97, 97), (203, 113)):
+                for heads in ((4, 4), (6, 2), (3, 1)):
+                    cases.append((d, causal, nq, nk, heads))
+    for i, (d, causal, nq, nk, (hq, hk)) in enumerate(cases):
+        dtype = torch.bfloat16 if i % 2 else torch.float16
+        layout = "bshd" if i % 3 else "bhsd"
+        dims = (lambda n, h: (2, n, h, d)) if layout == "bshd" else (lambda n, h: (2, h, n, d))
+        q, k, v = rand(dims(nq, hq), dtype, gen), rand(dims(nk, hk), dtype, gen), rand(dims(nk, hk), dtype, gen)
+        out, lse = flash_forward(q, k, v, layout=layout, scale=1 / math.sqrt(d), causal=causal)
+        again, _ = flash_forward(q, k, v, layout=layout, scale=1 / math.sqrt(d), causal=causal)
+        res = check_accuracy(out, lse, q, k, v, causal=causal, layout=layout)
+        ok = res.passed and torch.equal(out, again)
+        failures += not ok
+        rows.append({"d": d, "causal": causal, "nq": nq, "nk": nk, "hq": hq, "hk": hk, "layout": layout,
+                     "dtype": str(dtype), "error": res.error, "allowed": res.allowed,
+                     "lse": res.lse_error, "passed": ok})
+        if not ok:
+            print("FAIL", rows[-1], flush=True)
+    print(f"accuracy: {len(rows) - failures}/{len(rows)} passed", flush=True)
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    timing = []
+    for d, heads in ((128, 16), (64, 32)):
+        for causal in (False, True):
+            for n in (1024, 2048, 4096, 8192, 16384):
+                b = 16384 // n
+                q, k, v = (rand((b, n, heads, d), torch.bfloat16, gen) for _ in range(3))
+                flops = 4 * b * heads * n * n * d / (2 if causal else 1)
+                config = forward_config(d, n, n, causal)
+                t_gluon = do_bench(lambda: flash_forward(q, k, v, layout="bshd", scale=d ** -0.5, causal=causal), warmup=25, rep=100)
+                t_triton = do_bench(lambda: flash_forward(q, k, v, layout="bshd", scale=d ** -0.5, causal=causal, config=config), warmup=25, rep=100)
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return sdpa(qt, kt, vt, is_causal=causal)
+                t_cudnn = do_bench(cudnn, warmup=25, rep=100)
+                row = {"d": d, "heads": heads, "causal": causal, "n": n, "batch": b,
+                       "sm90_tflops": flops / t_gluon / 1e9, "triton_tflops": flops / t_triton / 1e9,
+                       "cudnn_tflops": flops / t_cudnn / 1e9}
+                timing.append(row)
+                print(f"d={d} causal={causal!s:5} N={n:5}: sm90 {row['sm90_tflops']:4.0f}  triton "
+                      f"{row['triton_tflops']:4.0f}  cudnn {row['cudnn_tflops']:4.0f}  "
+                      f"sm90/cudnn {row['sm90_tflops'] / row['cudnn_tflops']:.2f}", flush=True)
+    with open(os.path.join(args.out, "sm90_check.json"), "w") as f:
+        json.dump({"commit": os.environ.get("ATTNLAB_GIT_COMMIT"), "gpu": torch.cuda.get_device_name(),
+                   "date": time.strftime("%Y-%m-%d"), "accuracy": rows, "timing": timing}, f, indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
