@@ -87,10 +87,8 @@ def _attn_fwd_sm90(
     dtype: gl.constexpr = Q.dtype.element_ty
     pid_m = gl.program_id(0)
     num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
-    if IS_CAUSAL:
-        start_m = num_m_blocks - 1 - pid_m  # longest rows first
-    else:
-        start_m = pid_m
+    # With a causal band the last query blocks do the most work: start them first.
+    start_m = (num_m_blocks - 1 - pid_m) if IS_CAUSAL else pid_m
     off_bh = gl.program_id(1)
     off_b = (off_bh // num_heads).to(gl.int64)
     off_h = off_bh % num_heads
