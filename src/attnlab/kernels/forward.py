@@ -261,8 +261,6 @@ def flash_forward(
     ``layout`` names the tensors' dimension order: ``"bshd"`` (flash-attn) or
     ``"bhsd"`` (SDPA).  Returns O in the same layout and LSE as (batch, heads,
     seqlen_q) float32, natural log.  Causal is bottom-right aligned.
-    On an H100/H200, calls that :mod:`forward_sm90` covers run its Gluon kernel;
-    passing ``config`` always runs this file's Triton kernel with that tiling.
     """
     if layout == "bshd":
         batch, seqlen_q, num_heads, head_dim = q.shape
@@ -279,18 +277,6 @@ def flash_forward(
         window_right = 0 if window_right < 0 else min(window_right, 0)
     has_left, has_right = window_left >= 0, window_right >= 0
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
-    if config is None and q.is_cuda:
-        from attnlab.kernels import forward_sm90
-
-        strides = [*_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout)]
-        aligned = (all(stride * q.element_size() % 16 == 0 for stride in strides)
-                   and all(t.data_ptr() % 16 == 0 for t in (q, k, v)))
-        if forward_sm90.supports(q, head_dim, seqlen_q, seqlen_k, causal, window, softcap, aligned):
-            forward_sm90.flash_forward_sm90(
-                q, k, v, out, lse, [*strides, *_bhs_strides(out, layout)], num_heads=num_heads,
-                num_kv_heads=num_kv_heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                head_dim=head_dim, scale=scale, causal=causal)
-            return out, lse
     if config is None:
         config = forward_config(head_dim_pad, seqlen_q, seqlen_k, has_left or has_right,
                                 interpreted=kernel_is_interpreted())

@@ -1,4 +1,8 @@
-"""FlashAttention-2 forward for Hopper in Gluon: the same algorithm with FA3's overlap.
+"""EXPERIMENT (not used by attnlab): FlashAttention-2 forward for Hopper in Gluon with FA3's overlap.
+
+Accurate on the H200 (108/108 cases) but 6-8% slower than the Triton kernel at d=128 and
+~20-40% slower at d=64 (bench/NOTES.md, attempt 7); kept as the starting point for the
+warp-specialised version, which is where FA3's gain comes from.
 
 Why a second kernel: Triton 3.6 waits for every wgmma right after issuing it
 (bench/NOTES.md, attempt 3), so the softmax of a tile never overlaps a matrix
@@ -8,9 +12,9 @@ softmax of tile j on the CUDA cores while P_{j-1} V_{j-1} is still on the tensor
 cores (FA3, Shah et al. 2024, section 3.2).  K/V tiles arrive by TMA into a
 two-stage ring guarded by mbarriers.
 
-Scope (the launcher checks it): sm_90, fp16/bf16, head_dim 64 or 128, full or
-causal (bottom-right, seqlen_q <= seqlen_k), no window, no softcap.  Everything
-else runs the Triton kernel in forward.py.  Skip bound and element mask stay two
+Scope (``supports`` checks it): sm_90, fp16/bf16, head_dim 64 or 128, full or
+causal (bottom-right, seqlen_q <= seqlen_k), no window, no softcap.  Skip bound and
+element mask stay two
 steps: tiles past ``kv_hi`` are never loaded, and only tiles at or past
 ``mask_from`` apply the mask.
 """

@@ -1,6 +1,9 @@
-"""The Gluon sm_90 forward against the accuracy rule and against the Triton kernel and cuDNN.
+"""The experimental Gluon sm_90 forward against the accuracy rule, the Triton kernel and cuDNN.
 
-    ATTNLAB_GIT_COMMIT=<sha> PYTHONPATH=src python3 bench/sm90_check.py --out OUT
+    ATTNLAB_GIT_COMMIT=<sha> PYTHONPATH=src:bench/experiments python3 bench/experiments/sm90_check.py --out OUT
+
+Result on the H200 (bench/results/runs/2026-11-29-run6/sm90_check.json): 108/108 accurate,
+but slower than the Triton kernel (bench/NOTES.md, attempt 7), so attnlab does not use it.
 """
 
 from __future__ import annotations
@@ -13,11 +16,30 @@ import sys
 import time
 
 import torch
+from forward_sm90 import flash_forward_sm90, supports
 from triton.testing import do_bench
 
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels.configs import forward_config
-from attnlab.kernels.forward import flash_forward
+from attnlab.kernels.forward import _bhs_strides, flash_forward
+
+
+def sm90(q, k, v, *, layout, scale, causal):
+    """The experiment's launcher: same outputs as attnlab.kernels.forward.flash_forward."""
+    if layout == "bshd":
+        batch, seqlen_q, heads, head_dim = q.shape
+        seqlen_k, kv_heads = k.shape[1], k.shape[2]
+    else:
+        batch, heads, seqlen_q, head_dim = q.shape
+        kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    assert supports(q, head_dim, seqlen_q, seqlen_k, causal, (-1, -1), 0.0, True)
+    out = torch.empty_like(q)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+    strides = [s for t in (q, k, v, out) for s in _bhs_strides(t, layout)]
+    flash_forward_sm90(q, k, v, out, lse, strides, num_heads=heads, num_kv_heads=kv_heads,
+                       seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim, scale=scale,
+                       causal=causal)
+    return out, lse
 
 
 def rand(shape, dtype, gen):
@@ -42,8 +64,8 @@ def main() -> int:
         layout = "bshd" if i % 3 else "bhsd"
         dims = (lambda n, h: (2, n, h, d)) if layout == "bshd" else (lambda n, h: (2, h, n, d))
         q, k, v = rand(dims(nq, hq), dtype, gen), rand(dims(nk, hk), dtype, gen), rand(dims(nk, hk), dtype, gen)
-        out, lse = flash_forward(q, k, v, layout=layout, scale=1 / math.sqrt(d), causal=causal)
-        again, _ = flash_forward(q, k, v, layout=layout, scale=1 / math.sqrt(d), causal=causal)
+        out, lse = sm90(q, k, v, layout=layout, scale=1 / math.sqrt(d), causal=causal)
+        again, _ = sm90(q, k, v, layout=layout, scale=1 / math.sqrt(d), causal=causal)
         res = check_accuracy(out, lse, q, k, v, causal=causal, layout=layout)
         ok = res.passed and torch.equal(out, again)
         failures += not ok
@@ -65,7 +87,7 @@ def main() -> int:
                 q, k, v = (rand((b, n, heads, d), torch.bfloat16, gen) for _ in range(3))
                 flops = 4 * b * heads * n * n * d / (2 if causal else 1)
                 config = forward_config(d, n, n, causal)
-                t_gluon = do_bench(lambda: flash_forward(q, k, v, layout="bshd", scale=d ** -0.5, causal=causal), warmup=25, rep=100)
+                t_gluon = do_bench(lambda: sm90(q, k, v, layout="bshd", scale=d ** -0.5, causal=causal), warmup=25, rep=100)
                 t_triton = do_bench(lambda: flash_forward(q, k, v, layout="bshd", scale=d ** -0.5, causal=causal, config=config), warmup=25, rep=100)
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
 
