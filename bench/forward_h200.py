@@ -346,7 +346,7 @@ def main() -> int:
     flash_forward(q, k, v, layout="bshd", scale=shape.softmax_scale)
     torch.cuda.synchronize()
     print(f"first call (compile + run) of the default d=128 config: {time.time() - t0:.1f} s "
-          f"({forward_config(128, 4096, 4096, False)})", flush=True)
+          f"({forward_config(shape)})", flush=True)
 
     if "tune" in phases:
         tuned = phase_tune(env, args.out, args.tune_budget)

@@ -22,6 +22,7 @@ from triton.testing import do_bench
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels.configs import forward_config
 from attnlab.kernels.forward import _bhs_strides, flash_forward
+from attnlab.shapes import AttentionShape
 
 
 def sm90(q, k, v, *, layout, scale, causal):
@@ -86,7 +87,9 @@ def main() -> int:
                 b = 16384 // n
                 q, k, v = (rand((b, n, heads, d), torch.bfloat16, gen) for _ in range(3))
                 flops = 4 * b * heads * n * n * d / (2 if causal else 1)
-                config = forward_config(d, n, n, causal)
+                config = forward_config(AttentionShape(batch=b, query_heads=heads, kv_heads=heads,
+                                                       seqlen_q=n, seqlen_k=n, head_dim=d,
+                                                       dtype="bf16", causal=causal))
                 t_gluon = do_bench(lambda: sm90(q, k, v, layout="bshd", scale=d ** -0.5, causal=causal), warmup=25, rep=100)
                 t_triton = do_bench(lambda: flash_forward(q, k, v, layout="bshd", scale=d ** -0.5, causal=causal, config=config), warmup=25, rep=100)
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))

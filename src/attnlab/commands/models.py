@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
+
+from attnlab.cli_support import dumps, new_console, parse_int, parse_window, ranges
 
 DEMO_ORDER = 20
 
@@ -29,15 +29,6 @@ DEFAULT_FLOP_SHARE_TOKENS = "2048"
 
 
 # ----- parsing: our own, so a bad value is one line and exit 2 ----------------------------
-def _parse_int(text: str, name: str, minimum: int = 1) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an int >= {minimum}, got {text!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
-
 
 def _parse_float(text: str, name: str, *, low: float | None = None, high: float | None = None,
                  low_open: bool = False) -> float:
@@ -70,34 +61,28 @@ def _parse_shares(text: str, name: str) -> list[float]:
     return [_parse_float(item, name, low=0.0, high=1.0) for item in items]
 
 
-def _parse_window(text: str) -> tuple[int, int]:
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise ValueError(f"--window must be LEFT,RIGHT (ints >= -1, -1 = unbounded), got {text!r}")
-    return (_parse_int(parts[0], "--window LEFT", -1), _parse_int(parts[1], "--window RIGHT", -1))
-
 
 def _shape_and_preset(args: argparse.Namespace, *, causal: bool):
     """The AttentionShape the shape options describe, its preset and its score dtype."""
     from attnlab.shapes import dtype_bytes, preset
 
     model = preset(args.preset)
-    seqlen = _parse_int(args.seqlen, "--seqlen")
-    seqlen_q = seqlen if args.seqlen_q is None else _parse_int(args.seqlen_q, "--seqlen-q")
-    seqlen_k = seqlen if args.seqlen_k is None else _parse_int(args.seqlen_k, "--seqlen-k")
+    seqlen = parse_int(args.seqlen, "--seqlen")
+    seqlen_q = seqlen if args.seqlen_q is None else parse_int(args.seqlen_q, "--seqlen-q")
+    seqlen_k = seqlen if args.seqlen_k is None else parse_int(args.seqlen_k, "--seqlen-k")
     overrides = {}
     for option, field in (("heads", "query_heads"), ("kv_heads", "kv_heads"),
                           ("head_dim", "head_dim"), ("batch", "batch"),
                           ("block_m", "block_m"), ("block_n", "block_n")):
         text = getattr(args, option)
         if text is not None:
-            overrides[field] = _parse_int(text, "--" + option.replace("_", "-"))
+            overrides[field] = parse_int(text, "--" + option.replace("_", "-"))
     if "query_heads" in overrides and "kv_heads" not in overrides and model.kv_heads == model.query_heads:
         overrides["kv_heads"] = overrides["query_heads"]  # an MHA preset stays MHA
     if args.dtype is not None:
         dtype_bytes(args.dtype)
         overrides["dtype"] = args.dtype
-    window = _parse_window(args.window) if getattr(args, "window", None) else (-1, -1)
+    window = parse_window(args.window) if getattr(args, "window", None) else (-1, -1)
     shape = model.shape(seqlen_q, seqlen_k=seqlen_k, causal=causal, window=window)
     try:
         shape = shape.replace(**overrides)
@@ -113,42 +98,12 @@ def _shape_and_preset(args: argparse.Namespace, *, causal: bool):
 
 
 def _layers(args: argparse.Namespace, model) -> int:
-    return model.attention_layers if args.layers is None else _parse_int(args.layers, "--layers")
+    return model.attention_layers if args.layers is None else parse_int(args.layers, "--layers")
 
 
 # ----- output helpers --------------------------------------------------------------------
-def _console() -> Console:
-    return Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
-def _json_safe(value):
-    """JSON has no infinities (the walk's first m_old is -inf): write them as strings."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
-    return value
-
-
-def _dumps(report: dict) -> str:
-    return json.dumps(_json_safe(report), indent=2, allow_nan=False)
-
-
-def _ranges(numbers: list[int]) -> str:
-    """[1, 2, 3, 5] -> '1-3, 5' (empty -> 'none')."""
-    if not numbers:
-        return "none"
-    spans, start, prev = [], numbers[0], numbers[0]
-    for n in [*numbers[1:], None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ", ".join(spans)
 
 
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
@@ -230,7 +185,7 @@ def traffic_report(shape, *, scope: str = "head", layers: int | None = None,
 
 
 def print_traffic(report: dict) -> None:
-    console = _console()
+    console = new_console(120)
     shape = report["shape"]
     console.print(f"Logical HBM traffic, {report['scope_label']}: Nq={shape['seqlen_q']}, "
                   f"Nk={shape['seqlen_k']}, d={shape['head_dim']}, {shape['dtype']} "
@@ -274,12 +229,12 @@ def run_traffic(args: argparse.Namespace) -> int:
         raise ValueError("--layers applies only to --scope model")
     if args.backward is not None and args.backward not in BACKWARD_VARIANTS:
         raise ValueError(f"--backward must be one of {list(BACKWARD_VARIANTS)}, got {args.backward!r}")
-    splits = None if args.decode_splits is None else _parse_int(args.decode_splits, "--decode-splits")
+    splits = None if args.decode_splits is None else parse_int(args.decode_splits, "--decode-splits")
     report = traffic_report(shape, scope=scope, layers=layers, score_dtype=score_dtype,
                             condition=condition, write_lse=args.write_lse, pack_gqa=args.pack_gqa,
                             backward=args.backward, decode_splits=splits,
                             cross_condition=args.cross_condition)
-    print(_dumps(report)) if args.json else print_traffic(report)
+    print(dumps(report)) if args.json else print_traffic(report)
     return 0
 
 
@@ -301,7 +256,7 @@ def memory_report(shape, *, score_dtype: str | None, layers: int,
 
 
 def print_memory(report: dict) -> None:
-    console = _console()
+    console = new_console(120)
     shape = report["shape"]
     console.print(f"Memory footprints by scope: Nq={shape['seqlen_q']}, Nk={shape['seqlen_k']}, "
                   f"d={shape['head_dim']}, {shape['query_heads']} query heads, batch "
@@ -320,10 +275,10 @@ def print_memory(report: dict) -> None:
 def run_memory(args: argparse.Namespace) -> int:
     shape, model, score_dtype = _shape_and_preset(args, causal=bool(args.causal))
     heads = (None if args.heads_in_parallel is None
-             else _parse_int(args.heads_in_parallel, "--heads-in-parallel"))
+             else parse_int(args.heads_in_parallel, "--heads-in-parallel"))
     report = memory_report(shape, score_dtype=score_dtype, layers=_layers(args, model),
                            heads_in_parallel=heads)
-    print(_dumps(report)) if args.json else print_memory(report)
+    print(dumps(report)) if args.json else print_memory(report)
     return 0
 
 
@@ -360,7 +315,7 @@ def amdahl_report(time_shares: list[float], kernel_speedup: float, flop_share: f
 
 
 def print_amdahl(report: dict) -> None:
-    console = _console()
+    console = new_console(120)
     console.print(f"Amdahl on a time share: {report['formula']}")
     table = _table(("f_time (attention share of time)", "right"), ("S_kernel", "right"),
                    ("boundary speedup", "right"), ("latency reduction", "right"))
@@ -404,7 +359,7 @@ def run_amdahl(args: argparse.Namespace) -> int:
     speedup = _parse_float(args.speedup, "--speedup", low=0.0, low_open=True)
     flop_share = _parse_float(args.flop_share, "--flop-share", low=0.0, high=1.0)
     preset(args.preset)
-    tokens = _parse_int(args.prompt_tokens, "--prompt-tokens")
+    tokens = parse_int(args.prompt_tokens, "--prompt-tokens")
     chain = {}
     for option, key in (("attention_ms", "attention_time"), ("prefill_ms", "prefill_time"),
                         ("outside_ms", "outside_prefill_time")):
@@ -415,9 +370,9 @@ def run_amdahl(args: argparse.Namespace) -> int:
         chain["kernel_speedup"] = _parse_float(args.chain_speedup, "--chain-speedup", low=0.0,
                                                low_open=True)
     if args.layers is not None:
-        chain["layers"] = _parse_int(args.layers, "--layers")
+        chain["layers"] = parse_int(args.layers, "--layers")
     report = amdahl_report(shares, speedup, flop_share, args.preset, tokens, chain=chain)
-    print(_dumps(report)) if args.json else print_amdahl(report)
+    print(dumps(report)) if args.json else print_amdahl(report)
     return 0
 
 
@@ -476,7 +431,7 @@ def roofline_report(shape, gpu, *, scope: str = "head", layers: int | None = Non
 
 
 def print_roofline(report: dict) -> None:
-    console = _console()
+    console = new_console(120)
     gpu = report["gpu"]
     console.print(f"Roofline on {gpu['name']}: {gpu['dense_tflops']:g} TFLOP/s dense FP16/BF16, "
                   f"{gpu['hbm_tbps']:g} TB/s HBM, ridge {gpu['ridge_point']:.1f} FLOP/byte "
@@ -509,7 +464,7 @@ def run_roofline(args: argparse.Namespace) -> int:
         raise ValueError("--layers applies only to --scope model")
     layers = _layers(args, model) if scope == "model" else None
     report = roofline_report(shape, gpu, scope=scope, layers=layers, score_dtype=score_dtype)
-    print(_dumps(report)) if args.json else print_roofline(report)
+    print(dumps(report)) if args.json else print_roofline(report)
     return 0
 
 
@@ -572,7 +527,7 @@ def exercises_report() -> dict:
 
 
 def print_exercises(report: dict) -> None:
-    console = _console()
+    console = new_console(120)
     one, two, three, four = report["exercises"]
     console.print(f"[bold]1.[/bold] {one['question']} ({one['scope']})")
     table = _table(("algorithm", "left"), ("reads", "right"), ("writes", "right"),
@@ -608,8 +563,8 @@ def print_exercises(report: dict) -> None:
 
     console.print(f"\n[bold]4.[/bold] {four['question']} (tiles numbered from 1)")
     console.print(f"   rows {four['rows'][0]}-{four['rows'][1]}; loads KV tiles "
-                  f"{_ranges(four['loaded'])}; full (no mask): {_ranges(four['full'])}; "
-                  f"element mask: {_ranges(four['masked'])}")
+                  f"{ranges(four['loaded'])}; full (no mask): {ranges(four['full'])}; "
+                  f"element mask: {ranges(four['masked'])}")
     console.print(f"   row {four['example_row']} may see keys {four['example_row_sees_keys'][0]}-"
                   f"{four['example_row_sees_keys'][1]} but its loaded tiles hold "
                   f"{four['future_keys_loaded_for_example_row']} future keys; "
@@ -618,7 +573,7 @@ def print_exercises(report: dict) -> None:
 
 def run_exercises(args: argparse.Namespace) -> int:
     report = exercises_report()
-    print(_dumps(report)) if args.json else print_exercises(report)
+    print(dumps(report)) if args.json else print_exercises(report)
     return 0
 
 
@@ -740,8 +695,8 @@ def demo(out_dir: Path) -> None:
              "models-amdahl.json": amdahl_json}
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, report in files.items():
-        (out_dir / name).write_text(_dumps(report) + "\n")
-    console = _console()
+        (out_dir / name).write_text(dumps(report) + "\n")
+    console = new_console(120)
     console.print(f"\n[bold]models[/bold] ({LESSON_SHAPE.describe()}, logical bytes per head)")
     for row in traffic_json["rows"]:
         console.print(f"  {row['label']}: {human_bytes(row['total_bytes'])}")

@@ -10,13 +10,12 @@ Tiles, rows and columns are numbered from 1 here, as in the lesson; the library
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
+
+from attnlab.cli_support import dumps, new_console, parse_int, parse_window, ranges
 
 DEMO_ORDER = 10
 
@@ -42,15 +41,6 @@ DIFFERENT_THRESHOLD = 1e-6  # a dropped mask moves outputs by O(1) on random inp
 
 
 # ----- argument parsing: our own, so that a bad value is one line and exit 2 -----------
-def _parse_int(text: str, name: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {text!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
-
 
 def _parse_floats(text: str, name: str) -> list[float]:
     items = [item.strip() for item in text.split(",")]
@@ -70,32 +60,9 @@ def _parse_values(text: str) -> list[list[float]]:
     return [[v] for v in _parse_floats(text, "--values")]
 
 
-def _parse_window(text: str) -> tuple[int, int]:
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise ValueError(f"--window must be LEFT,RIGHT (ints >= -1, -1 = unbounded), got {text!r}")
-    return (_parse_int(parts[0], "--window LEFT", -1), _parse_int(parts[1], "--window RIGHT", -1))
-
 
 # ----- output helpers --------------------------------------------------------------
-def _console() -> Console:
-    # Looked up at call time so redirected or captured stdout is honoured.
-    return Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else 110)
 
-
-def _json_safe(value):
-    """JSON has no infinities: write them as the strings '-inf' / 'inf'."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
-    return value
-
-
-def _dumps(report: dict) -> str:
-    return json.dumps(_json_safe(report), indent=2, allow_nan=False)
 
 
 def _fmt(x: float) -> str:
@@ -105,20 +72,6 @@ def _fmt(x: float) -> str:
 def _fmt_vector(xs) -> str:
     return "[" + ", ".join(_fmt(x) for x in xs) + "]"
 
-
-def _ranges(numbers: list[int]) -> str:
-    """[1, 2, 3, 5] -> '1-3, 5' (empty -> 'none')."""
-    if not numbers:
-        return "none"
-    spans, start, prev = [], numbers[0], numbers[0]
-    for n in numbers[1:] + [None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ", ".join(spans)
 
 
 # ----- trace -----------------------------------------------------------------------
@@ -146,7 +99,7 @@ def trace_report(scores: list[float], values: list[list[float]], tile: int) -> d
 
 
 def print_trace(report: dict) -> None:
-    console = _console()
+    console = new_console(110)
     console.print(f"Online softmax over one query row, {report['tile']} key(s) per tile; "
                   "l and a are the state after each tile, weights = exp(score - m_new)")
     table = Table()
@@ -171,10 +124,10 @@ def run_trace(args: argparse.Namespace) -> int:
                          "(neither = the lesson's two-tile trace)")
     scores = _parse_floats(LESSON_SCORES if args.scores is None else args.scores, "--scores")
     values = _parse_values(LESSON_VALUES if args.values is None else args.values)
-    tile = _parse_int(args.tile, "--tile", 1)
+    tile = parse_int(args.tile, "--tile", 1)
     report = trace_report(scores, values, tile)
     if args.json:
-        print(_dumps(report))
+        print(dumps(report))
     else:
         print_trace(report)
     return 0 if report["matches"] else 1
@@ -227,7 +180,7 @@ def tiles_report(shape, query_tile: int) -> dict:
 
 
 def print_tiles(report: dict) -> None:
-    console = _console()
+    console = new_console(110)
     shape = report["shape"]
     mask = "causal (bottom-right)" if shape["causal"] else "no causal mask"
     if tuple(shape["window"]) != (-1, -1):
@@ -246,11 +199,11 @@ def print_tiles(report: dict) -> None:
         table.add_row(str(tile["kv_tile"]), f"{cols[0]}-{cols[1]}", tile["class"], segments)
     console.print(table)
     whole = report["whole_plan"]
-    console.print(f"loads KV tiles {_ranges(report['loaded'])} "
+    console.print(f"loads KV tiles {ranges(report['loaded'])} "
                   f"({len(report['loaded'])} of {report['kv_tiles_total']}, "
                   f"{report['loaded_kv_rows']:,} key rows, this query tile); "
-                  f"element mask on {_ranges(report['masked'])}; "
-                  f"skipped {_ranges(report['skipped'])}")
+                  f"element mask on {ranges(report['masked'])}; "
+                  f"skipped {ranges(report['skipped'])}")
     console.print(f"whole plan, one head: {whole['query_tiles']} query tiles x "
                   f"{report['kv_tiles_total']} KV tiles = {whole['tile_pairs']} pairs: "
                   f"{whole['loaded_full']} full, {whole['loaded_masked']} masked, "
@@ -261,20 +214,20 @@ def print_tiles(report: dict) -> None:
 def _tiles_shape(args: argparse.Namespace):
     from attnlab.shapes import AttentionShape
 
-    seqlen = _parse_int(args.seqlen, "--seqlen", 1)
-    seqlen_q = seqlen if args.seqlen_q is None else _parse_int(args.seqlen_q, "--seqlen-q", 1)
-    seqlen_k = seqlen if args.seqlen_k is None else _parse_int(args.seqlen_k, "--seqlen-k", 1)
+    seqlen = parse_int(args.seqlen, "--seqlen", 1)
+    seqlen_q = seqlen if args.seqlen_q is None else parse_int(args.seqlen_q, "--seqlen-q", 1)
+    seqlen_k = seqlen if args.seqlen_k is None else parse_int(args.seqlen_k, "--seqlen-k", 1)
     return AttentionShape(seqlen_q=seqlen_q, seqlen_k=seqlen_k, causal=args.causal,
-                          window=_parse_window(args.window),
-                          block_m=_parse_int(args.block_m, "--block-m", 1),
-                          block_n=_parse_int(args.block_n, "--block-n", 1))
+                          window=parse_window(args.window),
+                          block_m=parse_int(args.block_m, "--block-m", 1),
+                          block_n=parse_int(args.block_n, "--block-n", 1))
 
 
 def run_tiles(args: argparse.Namespace) -> int:
     shape = _tiles_shape(args)
-    report = tiles_report(shape, _parse_int(args.query_tile, "--query-tile", 1))
+    report = tiles_report(shape, parse_int(args.query_tile, "--query-tile", 1))
     if args.json:
-        print(_dumps(report))
+        print(dumps(report))
     else:
         print_tiles(report)
     return 0
@@ -319,7 +272,7 @@ def verify_report(seqlen_q: int, seqlen_k: int, head_dim: int, block_m: int, blo
 
 
 def print_verify(report: dict) -> None:
-    console = _console()
+    console = new_console(110)
     shape = report["shape"]
     console.print(f"Causal attention, Nq={shape['seqlen_q']}, Nk={shape['seqlen_k']}, "
                   f"d={shape['head_dim']}, B_r={shape['block_m']}, B_c={shape['block_n']}; "
@@ -348,15 +301,15 @@ def print_verify(report: dict) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    seqlen_q = _parse_int(args.seqlen_q, "--seqlen-q", 1)
-    seqlen_k = seqlen_q if args.seqlen_k is None else _parse_int(args.seqlen_k, "--seqlen-k", 1)
+    seqlen_q = parse_int(args.seqlen_q, "--seqlen-q", 1)
+    seqlen_k = seqlen_q if args.seqlen_k is None else parse_int(args.seqlen_k, "--seqlen-k", 1)
     report = verify_report(seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                           head_dim=_parse_int(args.head_dim, "--head-dim", 1),
-                           block_m=_parse_int(args.block_m, "--block-m", 1),
-                           block_n=_parse_int(args.block_n, "--block-n", 1),
-                           seed=_parse_int(args.seed, "--seed", 0))
+                           head_dim=parse_int(args.head_dim, "--head-dim", 1),
+                           block_m=parse_int(args.block_m, "--block-m", 1),
+                           block_n=parse_int(args.block_n, "--block-n", 1),
+                           seed=parse_int(args.seed, "--seed", 0))
     if args.json:
-        print(_dumps(report))
+        print(dumps(report))
     else:
         print_verify(report)
     return 0 if report["passed"] else 1
@@ -426,17 +379,17 @@ def demo(out_dir: Path) -> None:
     """The lesson's two-tile trace and exercise 4's tile plan, printed and saved as JSON."""
     from attnlab.shapes import AttentionShape
 
-    console = _console()
+    console = new_console(110)
     console.rule("reference: the online-softmax trace (lesson section 3.2)")
     trace = trace_report(_parse_floats(LESSON_SCORES, "scores"), _parse_values(LESSON_VALUES),
                          int(LESSON_TILE))
     print_trace(trace)
-    (out_dir / "reference_trace.json").write_text(_dumps(trace) + "\n")
+    (out_dir / "reference_trace.json").write_text(dumps(trace) + "\n")
 
     console.rule("reference: the causal tile plan (lesson exercise 4)")
     shape = AttentionShape(seqlen_q=int(LESSON_SEQLEN), seqlen_k=int(LESSON_SEQLEN), causal=True,
                            block_m=int(LESSON_BLOCK_M), block_n=int(LESSON_BLOCK_N))
     tiles = tiles_report(shape, int(LESSON_QUERY_TILE))
     print_tiles(tiles)
-    (out_dir / "tile_plan.json").write_text(_dumps(tiles) + "\n")
+    (out_dir / "tile_plan.json").write_text(dumps(tiles) + "\n")
     console.print(f"wrote {out_dir / 'reference_trace.json'} and {out_dir / 'tile_plan.json'}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attnlab.shapes import AttentionShape
+
 
 @dataclass(frozen=True)
 class ForwardConfig:
@@ -84,9 +86,15 @@ TUNED: dict[tuple[int, bool, int], ForwardConfig] = {
 }
 
 
-def forward_config(head_dim_pad: int, seqlen_q: int, seqlen_k: int, masked: bool, *,
-                   interpreted: bool = False) -> ForwardConfig:
+def head_dim_padded(head_dim: int) -> int:
+    """The kernel's register tile width along d: the next power of two, at least 16."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def forward_config(shape: AttentionShape, *, interpreted: bool = False) -> ForwardConfig:
+    """The tiling for one call: tuned per (padded head dim, masked or not, length bucket)."""
     if interpreted:
         return INTERPRETER_CONFIG
-    bucket = length_bucket(max(seqlen_q, seqlen_k))
-    return TUNED.get((head_dim_pad, masked, bucket), _BASE[(head_dim_pad, masked)])
+    key = (head_dim_padded(shape.head_dim), shape.causal or shape.has_window)
+    bucket = length_bucket(max(shape.seqlen_q, shape.seqlen_k))
+    return TUNED.get((*key, bucket), _BASE[key])

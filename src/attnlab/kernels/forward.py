@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from attnlab.kernels.configs import ForwardConfig, forward_config
+from attnlab.kernels.configs import ForwardConfig, forward_config, head_dim_padded
+from attnlab.shapes import AttentionShape
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -235,6 +236,7 @@ def _attn_fwd(
 # ---------------------------------------------------------------------------
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # AttentionShape's names
 MAX_HEAD_DIM = 256
 LAYOUTS = ("bshd", "bhsd")
 
@@ -276,10 +278,12 @@ def flash_forward(
     if causal:
         window_right = 0 if window_right < 0 else min(window_right, 0)
     has_left, has_right = window_left >= 0, window_right >= 0
-    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    head_dim_pad = head_dim_padded(head_dim)
     if config is None:
-        config = forward_config(head_dim_pad, seqlen_q, seqlen_k, has_left or has_right,
-                                interpreted=kernel_is_interpreted())
+        shape = AttentionShape(batch=batch, query_heads=num_heads, kv_heads=num_kv_heads,
+                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
+                               dtype=DTYPE_NAMES[q.dtype], causal=causal, window=tuple(window))
+        config = forward_config(shape, interpreted=kernel_is_interpreted())
 
     grid = (triton.cdiv(seqlen_q, config.block_m), batch * num_heads)
     _attn_fwd[grid](

@@ -371,10 +371,10 @@ def predict_attnlab(shape: AttentionShape, hw: CacheHardware = H200, *,
                     launch: Launch | None = None) -> list[PredictedKernel]:
     """attnlab's Triton forward: grid (query tiles, batch x heads), O and LSE written."""
     s = _check(shape)
-    from attnlab.kernels.configs import forward_config
+    from attnlab.kernels.configs import forward_config, head_dim_padded
 
-    head_dim_pad = max(16, 1 << (s.head_dim - 1).bit_length())
-    config = forward_config(head_dim_pad, s.seqlen_q, s.seqlen_k, s.causal or s.has_window)
+    head_dim_pad = head_dim_padded(s.head_dim)
+    config = forward_config(s)
     if launch is None:
         shared = (config.block_m + 2 * config.num_stages * config.block_n) * head_dim_pad \
             * s.element_bytes
