@@ -126,3 +126,23 @@ def test_markdown_table_lists_every_case():
     table = markdown_table(comparisons)
     assert table.count("\n") == len(CASES) + 2
     assert "| sdpa_cudnn |" in table and "NO |" not in table
+
+
+def test_a_pass_split_into_chunked_launches_counts_once():
+    from attnlab.measure.compare import merge_chunked_launches
+    from attnlab.measure.ncu import NcuKernel
+
+    def kernel(i, name, read, write):
+        return NcuKernel(id=i, name=name, case="c", grid=None, block=None,
+                         metrics={"dram__bytes_read.sum": (read, "byte"),
+                                  "dram__bytes_write.sum": (write, "byte"),
+                                  "gpu__time_duration.sum": (10.0, "ns")})
+
+    scale = "void at::vectorized_elementwise_kernel<8, MulFunctor<float>>"
+    gemm = "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT"
+    merged = merge_chunked_launches([kernel(0, gemm, 1, 2), kernel(1, gemm, 1, 2),
+                                     kernel(2, scale, 100, 50), kernel(3, scale, 100, 50),
+                                     kernel(4, scale, 100, 50)])
+    assert [k.name for k in merged] == [gemm, gemm, scale]  # two GEMMs are two passes
+    assert merged[2].dram_bytes_read == 300 and merged[2].dram_bytes_write == 150
+    assert merged[2].duration_ns == 30.0

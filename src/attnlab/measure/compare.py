@@ -4,7 +4,9 @@ A case is one provider call on one shape; its measured kernels come from ncu (th
 kernels inside the case's NVTX range), its predictions from
 :mod:`attnlab.measure.cache_model` and the logical model.  Kernels are matched to
 predictions by role (GEMM, scale, mask, softmax, attention, split, combine) in
-launch order; measured kernels the provider's model does not contain (e.g. the
+launch order, after back-to-back launches of one elementwise kernel (a pass split
+into 32-bit-indexable chunks) are summed into one; measured kernels the provider's
+model does not contain (e.g. the
 mask *construction* of an eager call that builds its mask inside the call) are
 listed and left out of the compared total, never silently.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from attnlab.measure import cache_model
 from attnlab.measure.dispatch import is_gemm
@@ -134,10 +136,36 @@ class CaseComparison:
         }
 
 
+_SUMMED_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
+
+
+def merge_chunked_launches(kernels: Sequence[NcuKernel]) -> list[NcuKernel]:
+    """One pass that PyTorch split into several launches of the same kernel, as one kernel.
+
+    An elementwise pass over more than 2^31 elements (eager's scale of a 16 GiB score
+    matrix) runs as several launches of one kernel, one per 32-bit-indexable chunk; the
+    model counts the pass once, so the chunks' bytes and times are added up.
+    """
+    merged: list[NcuKernel] = []
+    for kernel in kernels:
+        last = merged[-1] if merged else None
+        if last is not None and last.name == kernel.name and not is_gemm(kernel.name):
+            metrics = dict(last.metrics)
+            for metric in _SUMMED_METRICS:
+                if metric in last.metrics and metric in kernel.metrics:
+                    value, unit = last.metrics[metric]
+                    metrics[metric] = (value + kernel.metrics[metric][0], unit)
+            merged[-1] = replace(last, metrics=metrics)
+        else:
+            merged.append(kernel)
+    return merged
+
+
 def compare_case(provider: str, shape: AttentionShape, kernels: Sequence[NcuKernel],
                  hw: cache_model.CacheHardware = cache_model.H200) -> CaseComparison:
     """Pair a case's measured kernels with the cache model's prediction, role by role."""
     predicted = cache_model.predict(provider, shape, hw)
+    kernels = merge_chunked_launches(kernels)
     roles = measured_roles(kernels)
     pairs: list[KernelPair] = []
     unmodelled: list[NcuKernel] = []
