@@ -29,8 +29,9 @@ from triton.runtime.jit import JITFunction
 from attnlab.kernels.configs import ForwardConfig, forward_config, head_dim_padded
 from attnlab.shapes import AttentionShape
 
+# exp(x) = exp2(x * log2(e)): the kernel works in base 2 (one MUFU.EX2 per score) and
+# converts the LSE back to natural log with ln(2) = 0.6931471805599453 at the end.
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 
 @triton.jit
@@ -238,7 +239,6 @@ def _attn_fwd(
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # AttentionShape's names
 MAX_HEAD_DIM = 256
-LAYOUTS = ("bshd", "bhsd")
 
 
 def kernel_is_interpreted() -> bool:
