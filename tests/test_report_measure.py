@@ -112,9 +112,6 @@ def test_measure_on_the_gpu_end_to_end(tmp_path, capsys):
 
 def test_attnlab_attention_core_matches_eager_through_the_public_api():
     import attnlab
-
-    if not hasattr(attnlab, "attention"):
-        pytest.skip("attnlab.attention is not exported yet")
     from attnlab.measure.decoder import attnlab_attention
 
     generator = torch.Generator().manual_seed(0)

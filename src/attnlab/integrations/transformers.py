@@ -10,8 +10,9 @@ like any built-in implementation::
 
 Layout: transformers hands over (batch, heads, seqlen, head_dim) and expects
 (batch, seqlen, heads, head_dim) back.  Causal is bottom-right, which is what a
-KV-cached decode step needs (the new token sees the whole cache).  Padding masks
-are refused with NotImplementedError rather than ignored.
+KV-cached decode step needs (the new token sees the whole cache).  attnlab has no
+dropout and no padding masks: a call asking for either is refused with
+NotImplementedError rather than run without it.
 """
 
 from __future__ import annotations

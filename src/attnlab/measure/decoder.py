@@ -81,15 +81,8 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 def attnlab_attention(impl: str = "triton") -> AttentionCore:
-    """attnlab's public ``attention`` (bhsd layout) as an attention core.
-
-    Imported lazily: the kernel API belongs to another part of attnlab and the report
-    must stay importable without it.
-    """
-    try:
-        from attnlab import attention
-    except ImportError as error:  # the API exists in attnlab.api; say so if it is missing
-        raise NotImplementedError(f"attnlab.attention is not available: {error}") from error
+    """attnlab's public ``attention`` (bhsd layout) as an attention core."""
+    from attnlab.api import attention
 
     def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return attention(q, k, v, causal=True, enable_gqa=k.shape[1] != q.shape[1], impl=impl)

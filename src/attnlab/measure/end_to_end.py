@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnlab.api import last_impl
 from attnlab.model.amdahl import amdahl_speedup
 from attnlab.report.trace import TraceSummary, classify_trace, load_trace
 from attnlab.report.workload import Workload, parse_workload
@@ -177,13 +178,7 @@ def run_measurement(config=None, *, device="cuda", dtype=None, candidate=None,
         eager_trace = profile_prefill(eager_prefill, device, trace_dir / "prefill-eager.trace.json")
         candidate_trace = profile_prefill(candidate_prefill, device,
                                           trace_dir / "prefill-candidate.trace.json")
-        impl_ran = None
-        try:
-            from attnlab import last_impl
-
-            impl_ran = last_impl()
-        except ImportError:
-            pass
+        impl_ran = last_impl()
 
         # Attention alone, on the model's own shape (bhsd, causal), for S_kernel.
         generator = torch.Generator(device="cpu").manual_seed(1)

@@ -23,10 +23,8 @@ MATCHED_SHAPE_FIELDS = ("query_heads", "kv_heads", "seqlen_q", "seqlen_k", "head
 
 def load(path: str | Path) -> list[dict]:
     """Records from a file or folder, through the measurement package's own loader."""
-    try:
-        from attnlab.measure.records import load_records
-    except ImportError as error:
-        raise NotImplementedError(f"--records needs attnlab.measure.records: {error}") from error
+    from attnlab.measure.records import load_records
+
     path = Path(path)
     if not path.exists():
         raise ValueError(f"--records {str(path)!r} does not exist")
