@@ -80,22 +80,11 @@ def torch_dtype(name: str):
 def hidden_mask(shape: AttentionShape, device):
     """Boolean (seqlen_q, seqlen_k), True where a query may NOT see a key (bottom-right
     causal and window, attnlab's convention); None when nothing is hidden."""
-    import torch
+    from attnlab.reference import shape_mask
 
     if not shape.causal and not shape.has_window:
         return None
-    left, right = shape.window
-    if shape.causal:
-        right = 0 if right < 0 else min(right, 0)
-    offset = shape.seqlen_k - shape.seqlen_q
-    query = torch.arange(shape.seqlen_q, device=device)[:, None] + offset
-    key = torch.arange(shape.seqlen_k, device=device)[None, :]
-    hidden = torch.zeros(shape.seqlen_q, shape.seqlen_k, dtype=torch.bool, device=device)
-    if right >= 0:
-        hidden |= key > query + right
-    if left >= 0:
-        hidden |= key < query - left
-    return hidden
+    return ~shape_mask(shape, device=device)
 
 
 def _scale(shape: AttentionShape) -> float:

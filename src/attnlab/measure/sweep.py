@@ -6,9 +6,10 @@ For each (phase, provider, length) point:
 2. **is it right?**  Its output is checked against ``attnlab.reference.naive`` in
    float64 on the last query rows (bottom-right alignment makes those rows'
    visible keys identical to the full problem's), allowing twice the error of the
-   same computation in the input dtype plus the dtype's rounding of the answer —
-   the project's accuracy rule.  A wrong answer is recorded as skipped, with the
-   error, and never timed.
+   same computation in the input dtype plus the dtype's rounding of the answer:
+   :mod:`attnlab.accuracy`'s rule on those rows, with a rounding floor no looser
+   than its (no LSE here: not every provider returns one).  A wrong answer is
+   recorded as skipped, with the error, and never timed.
 3. **what ran?**  On a GPU the call runs once under ``torch.profiler`` and the
    kernel names go into the row, so "SDPA" always says which SDPA.
 4. **how fast?**  :func:`attnlab.measure.timing.time_call`, then TFLOP/s from the

@@ -208,27 +208,30 @@ class _Matcher:
         self._cache[(key, name)] = found
         return found
 
+    def _by_name_or_op(self, key: str, name: str, ops: list[_Interval]) -> str | None:
+        """Why ``name`` belongs to class ``key``: its own name, or an enclosing CPU op's."""
+        pattern = self.match(key, name)
+        if pattern:
+            return f"name matches /{pattern}/"
+        for op in ops:
+            pattern = self.match(key, op.name)
+            if pattern:
+                return f"inside {op.name} (matches /{pattern}/)"
+        return None
+
     def classify(self, name: str, scopes: list[_Interval]) -> tuple[str, str]:
         """(class, reason) of an event named ``name`` running inside ``scopes`` (innermost first)."""
         ops = [s for s in scopes if s.category == "cpu_op"]
-        pattern = self.match("attention", name)
-        if pattern:
-            return "attention", f"name matches /{pattern}/"
-        for op in ops:
-            pattern = self.match("attention", op.name)
-            if pattern:
-                return "attention", f"inside {op.name} (matches /{pattern}/)"
+        reason = self._by_name_or_op("attention", name, ops)
+        if reason:
+            return "attention", reason
         for scope in scopes:
             pattern = self.match("attention_scopes", scope.name)
             if pattern:
                 return "attention", f"inside scope {scope.name!r} (matches /{pattern}/)"
-        pattern = self.match("gemm", name)
-        if pattern:
-            return "gemm", f"name matches /{pattern}/"
-        for op in ops:
-            pattern = self.match("gemm", op.name)
-            if pattern:
-                return "gemm", f"inside {op.name} (matches /{pattern}/)"
+        reason = self._by_name_or_op("gemm", name, ops)
+        if reason:
+            return "gemm", reason
         return "other", "no pattern matches"
 
 
