@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.reference.inputs import check_softcap, resolve_scale
+
 IMPLS = ("auto", "triton", "reference")
 _last_impl: str | None = None
 
@@ -70,9 +72,7 @@ def _check_options(window_size, softcap) -> tuple[tuple[int, int], float]:
         raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
     if any(w < -1 for w in window_size):
         raise ValueError(f"window_size entries must be >= -1 (-1 = unbounded), got {window_size!r}")
-    if not isinstance(softcap, (int, float)) or softcap < 0:
-        raise ValueError(f"softcap must be a float >= 0 (0 = off), got {softcap!r}")
-    return (int(window_size[0]), int(window_size[1])), float(softcap)
+    return (int(window_size[0]), int(window_size[1])), check_softcap(softcap)
 
 
 def _resolve_impl(impl: str, q: torch.Tensor) -> str:
@@ -95,17 +95,9 @@ def _run(q, k, v, *, layout: str, scale, causal: bool, window: tuple[int, int],
     global _last_impl
     *_, head_dim = _check_tensors(q, k, v, layout)
     impl = _resolve_impl(impl, q)
-    if scale is not None and (not isinstance(scale, (int, float)) or scale <= 0):
-        raise ValueError(f"softmax scale must be a float > 0 or None, got {scale!r}")
-    from attnlab.kernels.forward import (
-        MAX_HEAD_DIM,
-        SUPPORTED_DTYPES,
-        flash_forward,
-        flash_fwd_op,
-        scale_or_default,
-    )
+    from attnlab.kernels.forward import MAX_HEAD_DIM, SUPPORTED_DTYPES, flash_forward, flash_fwd_op
 
-    scale = scale_or_default(scale, head_dim)
+    scale = resolve_scale(scale, head_dim)
     if impl == "triton":
         if q.dtype not in SUPPORTED_DTYPES:
             raise TypeError(

@@ -19,8 +19,6 @@ Tiles fully inside the band run the unmasked stage: no mask arithmetic at all.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -332,6 +330,3 @@ def _no_backward(ctx, grad_out, grad_lse):
 
 flash_fwd_op.register_autograd(_no_backward)
 
-
-def scale_or_default(scale: float | None, head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
