@@ -5,70 +5,55 @@ One call does everything so a lease is spent on measurements, not start-ups:
     PYTHONPATH=src python3 bench/forward_h200.py --out $OUT [--phases correct,tune,bench]
 
 Writes JSON lines to --out (correctness.jsonl, forward_tuning.jsonl,
-forward_bench.jsonl) and prints a short table last.  TFLOP/s count
+prefill_forward.jsonl) and prints a short table last.  TFLOP/s count
 4·B·H·Nq·Nk·d, halved when causal (the convention of ../shared/anchors).
+
+A configuration of attnlab.measure: environment capture and records from
+measure.records, inputs and the peers (SDPA backends, FlexAttention, bottom-right
+causal) from measure.providers, timing from measure.timing (CUDA-graph replay for
+short calls), the benchmark phase from measure.sweep; only the kernel-level phases
+(accuracy grid, config tuning) call the launcher directly.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 
 import torch
-import triton
-from triton.testing import do_bench
 
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels import configs as config_table
 from attnlab.kernels.configs import ForwardConfig, forward_config, length_bucket
 from attnlab.kernels.forward import flash_forward
+from attnlab.measure.providers import make_inputs as provider_inputs
+from attnlab.measure.records import environment
+from attnlab.measure.sweep import conventional_flops
+from attnlab.measure.timing import time_call
 from attnlab.shapes import AttentionShape
 
 COMMAND = "PYTHONPATH=src python3 bench/forward_h200.py " + " ".join(sys.argv[1:])
+# Timed work per tuning candidate; short calls are timed as CUDA-graph replays.
+TUNE_TIMING = {"target_ms": 60.0, "min_repeats": 10, "max_repeats": 200}
+BENCH_TIMING = {"target_ms": 100.0, "min_repeats": 10, "max_repeats": 200}
 
 
-def environment() -> dict:
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        driver = "unknown"
-    return {
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "driver": driver, "git_commit": os.environ.get("ATTNLAB_GIT_COMMIT", "unknown"),
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host_python": platform.python_version(), "command": COMMAND,
-    }
-
-
-def flops(shape: AttentionShape) -> float:
-    full = 4.0 * shape.batch * shape.query_heads * shape.seqlen_q * shape.seqlen_k * shape.head_dim
-    return full / 2 if shape.causal else full
+def flops(shape: AttentionShape) -> int:
+    """4·B·H·Nq·Nk·d, halved when causal: the convention of the peers' anchors."""
+    return conventional_flops(shape, "prefill")
 
 
 def make_inputs(shape: AttentionShape, layout="bshd", seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[shape.dtype]
-
-    def rand(heads, seqlen):
-        dims = (shape.batch, seqlen, heads, shape.head_dim) if layout == "bshd" else \
-            (shape.batch, heads, seqlen, shape.head_dim)
-        return torch.randn(dims, device="cuda", dtype=dtype, generator=gen)
-
-    return rand(shape.query_heads, shape.seqlen_q), rand(shape.kv_heads, shape.seqlen_k), \
-        rand(shape.kv_heads, shape.seqlen_k)
+    return provider_inputs(shape, layout, "cuda", seed=seed)
 
 
-def time_ms(fn) -> tuple[float, float, float]:
-    p20, p50, p80 = do_bench(fn, warmup=25, rep=100, quantiles=[0.2, 0.5, 0.8])
-    return p20, p50, p80
+def time_ms(fn, inputs=((),)) -> tuple[float, float, float]:
+    timing = time_call(fn, list(inputs), device="cuda", **TUNE_TIMING)
+    return timing.p20, timing.p50, timing.p80
 
 
 # ---------------------------------------------------------------------------
@@ -157,7 +142,8 @@ def group_shape(group: str, seqlen: int, causal: bool) -> AttentionShape:
 
 def run_ours(shape, q, k, v, config):
     scale = 1.0 / math.sqrt(shape.head_dim)
-    return lambda: flash_forward(q, k, v, layout="bshd", scale=scale, causal=shape.causal, config=config)
+    return lambda: flash_forward(q, k, v, layout="bshd", scale=scale, causal=shape.causal,
+                                 config=config)
 
 
 def check_config(config: ForwardConfig, like: AttentionShape):
@@ -235,95 +221,36 @@ def phase_tune(env, out_dir, budget_s: float) -> dict:
 
 
 # ---------------------------------------------------------------------------
-def sdpa_provider(backend_name):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
+def phase_bench(out_dir, seqlens_by_group, flex_lengths, budget_s: float, env: dict):
+    """attnlab through its public path (the committed/tuned table) against the peers:
+    measure/'s sweep (each point checked against the reference, its kernels proven,
+    SDPA pins entered outside the timed region), records upserted."""
+    from attnlab.measure.providers import parse_providers
+    from attnlab.measure.sweep import run_sweep
 
-    backend = getattr(SDPBackend, backend_name)
-
-    def build(shape, q, k, v):
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA layout, no copy
-        gqa = shape.query_heads != shape.kv_heads
-
-        def fn():
-            with sdpa_kernel(backend):
-                return sdpa(qt, kt, vt, is_causal=shape.causal, enable_gqa=gqa)
-        return fn
-    return build
-
-
-def flex_provider():
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    # Every shape is a recompile; past dynamo's default limit (8) flex would silently run
-    # uncompiled (run 2 measured 14 TFLOP/s that way), so raise it and fail loudly instead.
-    torch._dynamo.config.recompile_limit = 64
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
-    compiled = torch.compile(flex_attention, dynamic=False)
-
-    def build(shape, q, k, v):
-        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-        block_mask = None
-        if shape.causal:
-            block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None,
-                                           shape.seqlen_q, shape.seqlen_k)
-        gqa = shape.query_heads != shape.kv_heads
-        return lambda: compiled(qt, kt, vt, block_mask=block_mask, enable_gqa=gqa)
-    return build
-
-
-def timed_record(provider, shape, fn, record_env):
-    """Time fn, profile one call for the kernel names, and build one contract record."""
-    from attnlab.measure.dispatch import profile_call
-    from attnlab.measure.records import make_record
-
-    times = do_bench(fn, warmup=25, rep=100, return_mode="all")
-    p20, p50, p80 = (float(torch.quantile(torch.tensor(times), q)) for q in (0.2, 0.5, 0.8))
-    try:
-        names = [k.name for k in profile_call(fn, ()).kernels]
-    except Exception as error:  # noqa: BLE001 - the timing stands; say why names are missing
-        print(f"{provider}: profiler failed: {error}", flush=True)
-        names = []
-    return make_record(kernel="call", provider=provider, phase="prefill", shape=shape.as_dict(),
-                       metric="latency", unit="ms", p20=p20, p50=p50, p80=p80, repeats=len(times),
-                       tflops=flops(shape) / p50 / 1e9, kernel_names=names, env=record_env)
-
-
-def phase_bench(out_dir, seqlens_by_group, flex_lengths, budget_s: float):
-    """attnlab through its public path (the committed/tuned table) against the peers."""
-    from attnlab.measure.records import environment as record_environment
-    from attnlab.measure.records import upsert_records
-
-    record_env = record_environment(COMMAND)
-    started = time.time()
-    providers = {"sdpa_cudnn": sdpa_provider("CUDNN_ATTENTION"),
-                 "sdpa_flash": sdpa_provider("FLASH_ATTENTION")}
-    flex = flex_provider() if flex_lengths else None
-    table, records = [], []
+    deadline = time.monotonic() + budget_s
+    peers = parse_providers("attnlab,sdpa_cudnn,sdpa_flash")
+    flex = parse_providers("flex")
+    path = os.path.join(out_dir, "prefill_forward.jsonl")
+    table = []
     for group, seqlens in seqlens_by_group.items():
         for causal in ((True,) if TUNE_GROUPS[group][4] else (False, True)):
             for seqlen in seqlens:
-                if time.time() - started > budget_s:
-                    print("bench: time budget spent", flush=True)
-                    break
-                shape = group_shape(group, seqlen, causal)
-                q, k, v = make_inputs(shape)
-                builds = {"attnlab": lambda s, q, k, v: run_ours(s, q, k, v, None), **providers}
-                if flex and seqlen in flex_lengths.get(group, ()):
-                    builds["flex"] = flex
+                base = group_shape(group, seqlen, causal)
+                providers = peers + (flex if seqlen in flex_lengths.get(group, ()) else [])
+                results = run_sweep(providers, ["prefill"], [seqlen], base, device="cuda",
+                                    env=env, timing=BENCH_TIMING, out=path, deadline=deadline,
+                                    progress=False, flop_count="conventional")
                 row = {}
-                for name, build in builds.items():
-                    try:
-                        record = timed_record(name, shape, build(shape, q, k, v), record_env)
-                    except Exception as error:  # noqa: BLE001 - record why a peer cannot run
-                        print(f"{name} failed at {shape.describe()}: {str(error)[:160]}", flush=True)
-                        continue
-                    records.append(record)
-                    row[name] = record["tflops"]
+                for result in results:
+                    if result.skipped:
+                        print(f"{result.provider} at {base.describe()}: "
+                              f"{result.record['reason'][:160]}", flush=True)
+                    else:
+                        row[result.provider] = result.record["tflops"]
                 table.append((group, causal, seqlen, row))
                 print(f"{group} causal={causal} N={seqlen}: " +
                       " ".join(f"{n}={t:.0f}" for n, t in row.items()), flush=True)
-    upsert_records(os.path.join(out_dir, "prefill_forward.jsonl"), records)
     return table
 
 
@@ -336,7 +263,7 @@ def main() -> int:
     parser.add_argument("--flex", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    env = environment()
+    env = environment(COMMAND)
     print(json.dumps(env), flush=True)
     phases = args.phases.split(",")
 
@@ -365,7 +292,7 @@ def main() -> int:
                    "gqa_d256": [1024, 4096, 16384, 32768]}
         flex_lengths = {"d128": [1024, 4096, 16384], "d64": [4096], "gqa_d256": [4096, 16384]} \
             if args.flex else {}
-        table = phase_bench(args.out, seqlens, flex_lengths, args.bench_budget)
+        table = phase_bench(args.out, seqlens, flex_lengths, args.bench_budget, env)
 
     print("\nTFLOP/s (bf16)                      attnlab / cudnn / flash / flex   vs cudnn  vs best")
     for group, causal, seqlen, row in table:

@@ -1,7 +1,7 @@
 """The forward benchmark table and plot, from committed records only (no GPU).
 
     python3 bench/forward_table.py            # prints the Markdown table for the README
-                                              # and writes bench/results/plots/forward_*.png
+                                              # and writes bench/results/plots/forward_tflops.png
 
 Reads bench/results/prefill_forward.jsonl (written on the H200 by
 bench/forward_h200.py).  TFLOP/s count 4·B·H·N²·d, halved when causal, as the
@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from attnlab.measure.plots import CEILING_PROVIDER, plot_tflops_grid  # noqa: E402
 from attnlab.measure.records import load_records  # noqa: E402
 
 PEERS = ("sdpa_cudnn", "sdpa_flash", "flex")
@@ -56,40 +57,15 @@ def markdown(table) -> str:
     return "\n".join(lines)
 
 
-def plot(table, out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = sorted({g for g, _ in table})
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), sharey=True)
-    for ax, group in zip(axes, groups, strict=True):
-        for provider in ("attnlab", *PEERS):
-            points = sorted((n, row[provider]["tflops"]) for (g, n), row in table.items()
-                            if g == group and provider in row)
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=provider)
-        ax.set_xscale("log", base=2)
-        ax.set_title(group, fontsize=8)
-        ax.set_xlabel("sequence length N")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("TFLOP/s (bf16, H200)")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / "forward_tflops.png", out_dir / "forward_tflops.svg"]
-    for path in paths:
-        fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return paths
-
-
 def main() -> int:
-    table = collect(load_records(ROOT / "bench" / "results" / "prefill_forward.jsonl"))
-    print(markdown(table))
-    for path in plot(table, ROOT / "bench" / "results" / "plots"):
-        print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
+    results = ROOT / "bench" / "results"
+    forward = load_records(results / "prefill_forward.jsonl")
+    print(markdown(collect(forward)))
+    # The plot is the project's one TFLOP/s grid, against the roof measured in the same
+    # lease as the ceilings in measure.jsonl.
+    roofs = [r for r in load_records(results / "measure.jsonl") if r["provider"] == CEILING_PROVIDER]
+    path = plot_tflops_grid(forward + roofs, results / "plots" / "forward_tflops.png")
+    print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
     return 0
 
 

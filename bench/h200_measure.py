@@ -162,7 +162,8 @@ def main() -> int:
 def kernels_section() -> None:
     import torch
 
-    from attnlab.measure.dispatch import profile_call, short_name
+    from attnlab.measure.dispatch import profile_call
+    from attnlab.measure.profile import short_name
     from attnlab.measure.providers import prepare, provider
     from attnlab.measure.sweep import phase_shape
     from attnlab.shapes import preset
@@ -212,7 +213,7 @@ def kernels_section() -> None:
 def ncu_section() -> list:
     """Two ncu sessions (short lengths, then 16k), so a slow one cannot lose the other."""
     from attnlab.measure import ncu
-    from attnlab.measure.compare import compare_case, markdown_table
+    from attnlab.measure.compare import compare_cases, comparison_markdown, predicted_kernel_count
     from attnlab.measure.sweep import phase_shape
     from attnlab.shapes import AttentionShape
 
@@ -234,7 +235,8 @@ def ncu_section() -> list:
         print(f"  session N={lengths}: {len(session)} cases, timeout {timeout:.0f} s "
               f"(t={elapsed():.0f} s)", flush=True)
         try:
-            run = ncu.run_ncu(session, work, ncu=binary, timeout_s=timeout)
+            run = ncu.run_ncu(session, work, ncu=binary, timeout_s=timeout,
+                              kernel_counts=predicted_kernel_count)
         except Exception as error:
             print(f"  ncu failed: {error}")
             log = work / "ncu_log.txt"
@@ -262,13 +264,8 @@ def ncu_section() -> list:
     (OUT / "ncu").mkdir(exist_ok=True)
     ncu.write_long_csv(kernels, OUT / "ncu" / "ncu_kernels.csv")
     (OUT / "ncu" / "ncu_raw.csv").write_text("\n==attnlab== next ncu session\n".join(raw_parts))
-    comparisons = []
-    for label, group in ncu.group_by_case(kernels).items():
-        provider_name, _phase, shape = ncu.parse_case_label(label)
-        comparisons.append(compare_case(provider_name, shape, group))
-    (OUT / "cache_model_vs_ncu.md").write_text(
-        "Predicted (cache-aware model) vs measured (ncu --clock-control none) DRAM bytes of one "
-        "call; MB = 10^6 bytes.\n\n" + markdown_table(comparisons))
+    comparisons = compare_cases(kernels)
+    (OUT / "cache_model_vs_ncu.md").write_text(comparison_markdown(comparisons))
     summary["kernels"] = [k.summary() for k in kernels]
     summary["comparisons"] = [c.as_dict() for c in comparisons]
     (OUT / "ncu" / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -277,7 +274,7 @@ def ncu_section() -> list:
 
 def print_summary(records: list[dict], comparisons: list) -> None:
     from attnlab.measure.compare import markdown_table
-    from attnlab.measure.dispatch import short_name
+    from attnlab.measure.profile import short_name
 
     for phase in ("prefill", "decode"):
         rows = [r for r in records if r["phase"] == phase]

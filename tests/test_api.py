@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attnlab
+from attention_inputs import make_qkv
 from attnlab import attention, flash_attn_func, last_impl
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels.forward import kernel_is_interpreted
@@ -22,12 +23,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def bshd(batch=2, seqlen_q=37, seqlen_k=53, heads=4, kv_heads=2, head_dim=32,
          dtype=torch.float16, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-
-    def rand(n, h):
-        return torch.randn(batch, n, h, head_dim, generator=gen).to(dtype).to(DEVICE)
-
-    return rand(seqlen_q, heads), rand(seqlen_k, kv_heads), rand(seqlen_k, kv_heads)
+    """The shared maker with this file's defaults, in flash-attn's layout."""
+    return make_qkv(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, layout="bshd",
+                    seed=seed, device=DEVICE)
 
 
 @needs_triton
@@ -100,11 +98,13 @@ def test_custom_op_path_and_direct_path_agree():
 
 
 @needs_triton
-def test_backward_says_it_is_not_there():
+def test_backward_runs_through_the_custom_op():
+    # The gradients themselves are judged in tests/test_backward.py.
     q, k, v = (t.requires_grad_() for t in bshd(seed=6))
     out = flash_attn_func(q, k, v, impl="triton")
-    with pytest.raises(NotImplementedError, match="backward"):
-        out.sum().backward()
+    out.sum().backward()
+    assert all(t.grad is not None and t.grad.shape == t.shape and torch.isfinite(t.grad).all()
+               for t in (q, k, v))
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
@@ -193,3 +193,84 @@ def test_cuda_graph_capture_and_replay():
     torch.cuda.synchronize()
     assert torch.equal(static_out, flash_attn_func(q, k, v, causal=True))
     assert not torch.equal(static_out, expected)
+
+
+
+PUBLIC_CALLS = ("flash_attn_func", "attention", "flash_attn_varlen_func", "flash_attn_with_kvcache")
+
+
+def public_call(name, q, k, v, *, window_size, softmax_scale, softcap):
+    """One public entry point on bshd (q, k, v) with the reference impl; its bshd output."""
+    from attnlab import flash_attn_varlen_func, flash_attn_with_kvcache
+
+    options = dict(window_size=window_size, softmax_scale=softmax_scale, softcap=softcap,
+                   impl="reference")
+    if name == "flash_attn_func":
+        return flash_attn_func(q, k, v, **options)
+    if name == "attention":
+        options["scale"] = options.pop("softmax_scale")
+        return attention(*(t.transpose(1, 2) for t in (q, k, v)), enable_gqa=True,
+                         **options).transpose(1, 2)
+    if name == "flash_attn_varlen_func":
+        (batch, seqlen_q), seqlen_k = q.shape[:2], k.shape[1]
+        cu_q, cu_k = (torch.arange(0, (batch + 1) * n, n, dtype=torch.int32)
+                      for n in (seqlen_q, seqlen_k))
+        return flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q,
+                                      cu_k, seqlen_q, seqlen_k,
+                                      **options).unflatten(0, (batch, seqlen_q))
+    return flash_attn_with_kvcache(q, k, v, **options)
+
+
+@pytest.mark.parametrize("name", PUBLIC_CALLS)
+def test_numpy_and_0d_tensor_options_act_as_python_numbers(name):
+    np = pytest.importorskip("numpy")
+    q, k, v = (t.cpu() for t in bshd(seqlen_q=5, seqlen_k=9, seed=10))
+    plain = public_call(name, q, k, v, window_size=(3, 1), softmax_scale=0.25, softcap=30.0)
+    assert torch.isfinite(plain).all()
+    for window, scale, softcap in (
+            ((np.int64(3), np.int32(1)), np.float32(0.25), torch.tensor(30.0)),
+            ((torch.tensor(3), 1), torch.tensor(0.25), np.float64(30.0)),
+            (np.array([3, 1]), np.float64(0.25), np.int64(30))):
+        assert torch.equal(public_call(name, q, k, v, window_size=window, softmax_scale=scale,
+                                       softcap=softcap), plain)
+
+
+@pytest.mark.parametrize("name", PUBLIC_CALLS)
+def test_a_bool_is_not_a_window_side(name):
+    np = pytest.importorskip("numpy")
+    q, k, v = (t.cpu() for t in bshd(seqlen_q=5, seqlen_k=9))
+    for window in ((True, -1), (-1, np.bool_(False)), (torch.tensor(True), 2)):
+        with pytest.raises(TypeError, match="window_size"):
+            public_call(name, q, k, v, window_size=window, softmax_scale=None, softcap=0.0)
+
+
+def test_last_impl_is_per_thread():
+    import threading
+
+    q, k, v = (t.cpu() for t in bshd(seqlen_q=5, seqlen_k=9))
+    first_call_done, second_call_done = threading.Event(), threading.Event()
+    seen = {}
+
+    def reference_caller():
+        flash_attn_func(q, k, v, impl="reference")
+        first_call_done.set()
+        second_call_done.wait(timeout=60)
+        seen["reference_caller"] = last_impl()
+
+    def other_thread():
+        first_call_done.wait(timeout=60)
+        seen["before its own call"] = last_impl()
+        if triton_runs_here:
+            flash_attn_func(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), impl="triton")
+            seen["after its own call"] = last_impl()
+        second_call_done.set()
+
+    threads = [threading.Thread(target=reference_caller), threading.Thread(target=other_thread)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert seen["before its own call"] is None  # the other thread's call is not this one's
+    assert seen["reference_caller"] == "reference"
+    if triton_runs_here:
+        assert seen["after its own call"] == "triton"

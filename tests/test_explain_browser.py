@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -24,6 +25,8 @@ import pytest
 
 from attnlab.explain import build_page_data, write_page
 from attnlab.explain.units import format_bytes
+from attnlab.measure import ncu, plots
+from attnlab.measure.records import committed_results, load_records
 from attnlab.model import amdahl, memory
 from attnlab.shapes import PRESETS, AttentionShape
 
@@ -33,7 +36,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 REPOSITORY = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPOSITORY / "tests" / "artifacts"
 DOCS_IMG = REPOSITORY / "docs" / "img"
-SECTIONS = ("how", "tile-walk", "bytes", "how-much", "amdahl")
+SECTIONS = ("how", "tile-walk", "bytes", "how-much", "profiler", "amdahl")
 
 pytestmark = [
     pytest.mark.browser,
@@ -58,14 +61,8 @@ def browser():
 
 @pytest.fixture(scope="module")
 def page_data() -> dict:
-    # The committed records, exactly as `attnlab explain` run from the repository root reads
-    # them (the page names the folder it read, so build it from there).
-    here = Path.cwd()
-    os.chdir(REPOSITORY)
-    try:
-        return build_page_data(Path("bench") / "results")
-    finally:
-        os.chdir(here)
+    # The committed records, exactly as `attnlab explain` reads them by default.
+    return build_page_data(committed_results())
 
 
 @pytest.fixture(scope="module")
@@ -315,6 +312,233 @@ def test_amdahl_sliders_show_python_values(tab, page_data):
 
 
 # ----------------------------------------------------------------- 4. measured charts
+def _committed() -> list[dict]:
+    return load_records(committed_results())
+
+
+def _family_records(chart: dict, phase: str) -> dict:
+    """{(provider, length): record} of the committed family a chart was built from."""
+    family = next(f for f in plots.workload_families(_committed(), phase)
+                  if plots.family_title(f) == chart["title"])
+    return {(r["provider"], plots.swept_length(r)): r for r in family["records"]}
+
+
+def test_section_list_reads_with_separators(tab):
+    nav = tab.text("nav")
+    assert "matrix2" not in nav
+    assert [line.split(" ", 1)[0] for line in nav.splitlines()] == [f"{k}." for k in range(1, 7)]
+
+
+def test_headlines_are_the_records_numbers(tab, page_data):
+    blocks = {b["phase"]: b for b in page_data["measured"]["phases"]}
+    assert {"prefill", "decode"} <= set(blocks)
+    for phase, block in blocks.items():
+        assert tab.text(f"#headline-{phase}") == block["charts"][0]["headline"]
+    # Recompute a prefill headline's numbers from the committed records themselves, on
+    # the first workload measured against eager and cuDNN at 4k (selected in the page).
+    charts = blocks["prefill"]["charts"]
+    index, chart = next((i, c) for i, c in enumerate(charts)
+                        if {("attnlab", 4096), ("eager", 4096), ("sdpa_cudnn", 4096)}
+                        <= set(_family_records(c, "prefill")))
+    tab.page.locator("#family-prefill").select_option(str(index))
+    by_key = _family_records(chart, "prefill")
+    ours, eager = by_key[("attnlab", 4096)], by_key[("eager", 4096)]
+    cudnn = by_key[("sdpa_cudnn", 4096)]
+    text = tab.text("#headline-prefill")
+    assert text == chart["headline"]
+    assert text.startswith(f"At 4k tokens, attnlab takes {ours['p50']:#.3g} ms "
+                           f"({ours['tflops']:.3g} TFLOP/s")
+    assert f"{eager['p50'] / ours['p50']:.1f}\u00d7 faster than eager PyTorch" in text
+    assert f"{ours['p50'] / cudnn['p50']:.2f}\u00d7 slower than cuDNN (SDPA)" in text
+    decode = blocks["decode"]["charts"][0]
+    longest = max(n for (p, n) in _family_records(decode, "decode") if p == "attnlab")
+    assert tab.text("#headline-decode").startswith(
+        f"At a {longest // 1024}k KV cache, attnlab takes")
+
+
+def test_one_not_measured_line_per_chart(tab, page_data):
+    for block in page_data["measured"]["phases"]:
+        line = tab.page.locator(f"#not-measured-{block['phase']}")
+        text = line.inner_text()
+        assert text == block["charts"][0]["not_measured"]
+        if text:
+            assert text.startswith("Not measured: ") and "\n" not in text
+            assert "ModuleNotFoundError" not in text
+            assert len(re.findall(r"\bflash_attn\b(?!_)", text)) <= 1  # each provider once
+
+
+def test_four_providers_by_default_attnlab_emphasised_with_stable_colours(tab, page_data):
+    colours = {p["name"]: p["colour"] for p in page_data["measured"]["providers"]}
+    assert len(set(colours.values())) == len(colours)
+    for block in page_data["measured"]["phases"]:
+        phase = block["phase"]
+        select = tab.page.locator(f"#family-{phase}")
+        for index, chart in enumerate(block["charts"]):
+            select.select_option(str(index))
+            chart_box = f"#chart-{phase}"
+            drawn = tab.page.eval_on_selector_all(
+                f"{chart_box} circle.series-point",
+                "dots => dots.map(d => [d.dataset.provider, d.getAttribute('fill')])")
+            shown = {provider for provider, _ in drawn}
+            defaults = [s["provider"] for s in chart["series"]][:4]
+            if chart["kind"] == "line":
+                assert shown == set(defaults)
+                assert all(fill == colours[provider] for provider, fill in drawn)
+                ours = tab.page.locator(f'{chart_box} circle.series-ours[data-provider="attnlab"]')
+                assert ours.count() == len(next(s for s in chart["series"]
+                                                if s["provider"] == "attnlab")["points"])
+                legend = tab.page.eval_on_selector_all(
+                    f"{chart_box} .legend-entry", "g => g.map(e => e.dataset.provider)")
+                assert legend == defaults
+            toggles = tab.page.locator(f"#toggles-{phase} input[type=checkbox]")
+            assert toggles.count() == len(chart["series"])
+
+
+def test_points_show_the_records_values(tab, page_data):
+    block = next(b for b in page_data["measured"]["phases"] if b["phase"] == "prefill")
+    chart = block["charts"][0]
+    by_key = _family_records(chart, "prefill")
+    drawn = tab.page.eval_on_selector_all(
+        "#chart-prefill circle.series-point",
+        "dots => dots.map(d => [d.dataset.provider, Number(d.dataset.x), Number(d.dataset.value)])")
+    assert drawn
+    for provider, x, value in drawn:
+        assert value == pytest.approx(by_key[(provider, x)]["p50"], rel=1e-12)
+    point = tab.page.locator('#chart-prefill circle[data-provider="attnlab"][data-x="4096"]')
+    point.hover()
+    tooltip = tab.text("#tooltip-prefill")
+    record = by_key[("attnlab", 4096)]
+    assert f"{record['p50']:.4g} ms median of {record['repeats']}" in tooltip
+
+
+def test_provider_toggles_all_and_default(tab, page_data):
+    chart = next(b for b in page_data["measured"]["phases"] if b["phase"] == "prefill")["charts"][0]
+    hidden = chart["series"][4]["provider"]
+    lines = "#chart-prefill path.series-line"
+    assert tab.page.locator(lines).count() == 4
+    tab.page.locator(f'#toggles-prefill input[value="{hidden}"]').check()
+    assert tab.page.locator(f'#chart-prefill path.series-line[data-provider="{hidden}"]').count() == 1
+    tab.page.locator('#toggles-prefill input[value="attnlab"]').uncheck()
+    assert tab.page.locator('#chart-prefill [data-provider="attnlab"]').count() == 0
+    tab.page.click('#toggles-prefill [data-toggle="all"]')
+    assert tab.page.locator(lines).count() == len(chart["series"])
+    tab.page.click('#toggles-prefill [data-toggle="default"]')
+    assert tab.page.locator(lines).count() == 4
+    assert tab.page.locator('#chart-prefill circle.series-ours').count() > 0
+
+
+def test_throughput_mode_holds_prefill_to_the_matrix_roof_and_decode_to_the_copy_ceiling(tab):
+    committed = _committed()
+    roofs = plots.ceilings(committed, "NVIDIA H200")
+    for phase, field, metric in (("prefill", "tflops", "tflops"), ("decode", "tbps", "tbps")):
+        tab.page.check(f'input[name="metric-{phase}"][value="throughput"]')
+        svg = tab.page.locator(f"#chart-{phase} svg")
+        assert svg.get_attribute("data-mode") == "throughput"
+        roof = float(tab.page.locator(f"#chart-{phase} .roof-line").get_attribute("data-value"))
+        assert roof == roofs[metric][0]
+        unit = "TFLOP/s" if field == "tflops" else "TB/s"
+        assert unit in tab.page.locator(f"#chart-{phase} .roof-label").text_content()
+        assert tab.page.locator(f"#chart-{phase} text.axis-title").nth(1).text_content() \
+            .startswith(unit)
+        data = tab.page.evaluate("() => window.attnlabExplain.data.measured.phases")
+        chart = next(b for b in data if b["phase"] == phase)["charts"][0]
+        by_key = _family_records(chart, phase)
+        drawn = tab.page.eval_on_selector_all(
+            f"#chart-{phase} circle.series-point",
+            "dots => dots.map(d => [d.dataset.provider, Number(d.dataset.x), Number(d.dataset.value)])")
+        for provider, x, value in drawn:
+            assert value == pytest.approx(by_key[(provider, x)][field], rel=1e-12)
+        tab.page.check(f'input[name="metric-{phase}"][value="latency"]')
+        assert svg.get_attribute("data-mode") == "latency"
+
+
+def test_bytes_chart_matches_the_committed_ncu_comparisons(tab, page_data):
+    points = page_data["measured"]["bytes"]["points"]
+    summary = json.loads((committed_results() / "ncu" / "summary.json").read_text())
+    # The measurement itself: every kernel Nsight Compute profiled in the case, summed.
+    measured: dict[tuple[str, str], int] = {}
+    for kernel in summary["kernels"]:
+        provider, _, shape = ncu.parse_case_label(kernel["case"])
+        key = (provider, shape.describe())
+        measured[key] = measured.get(key, 0) + kernel["dram_bytes_read"] + kernel["dram_bytes_write"]
+    assert len(points) == len(measured)
+    for point in points:
+        assert point["measured_bytes"] == measured[(point["provider"], point["shape"])]
+    dots = tab.page.eval_on_selector_all(
+        "#bytes-chart circle.bytes-cache", "c => c.map(d => Number(d.dataset.value))")
+    assert dots == [p["cache_model_bytes"] for p in points]
+    assert tab.page.locator("#bytes-chart rect.bytes-logical[data-case]").count() == \
+        sum(p["logical_bytes"] is not None for p in points)
+    assert tab.text("#bytes-headline") == page_data["measured"]["bytes"]["headline"]
+    tab.page.click(".bytes-details summary")
+    assert tab.page.locator(".bytes-table tbody tr").count() == len(points)
+
+
+# ----------------------------------------------------------------- 5. profiler
+def test_kernel_lists_match_kernels_json(tab, page_data):
+    entries = json.loads((committed_results() / "kernels.json").read_text())
+    eager = max((e for e in entries if e["provider"].startswith("eager")
+                 and e["phase"] == "prefill"), key=lambda e: e["launches"])
+    sentence = tab.text("#kernel-list-sentence")
+    assert sentence.startswith(f"{plots.provider_label(eager['provider'])} launches "
+                               f"{eager['launches']} kernels")
+    assert f"{100 * eager['outside_gemm_share']:.1f}% of that time is outside" in sentence
+    bars = tab.page.eval_on_selector_all(
+        "#kernel-list-chart rect.bar-rect", "r => r.map(b => Number(b.dataset.value))")
+    assert sorted(bars) == sorted(k["total_us"] for k in eager["kernels"])
+    counts = tab.page.eval_on_selector_all(
+        "#launch-count-chart rect.bar-rect", "r => r.map(b => Number(b.dataset.value))")
+    same = [e["launches"] for e in entries
+            if e["phase"] == eager["phase"] and e["shape"] == eager["shape"]]
+    assert sorted(counts) == sorted(same)
+    # Decode: the split kernels of FA2 next to attnlab's one launch.
+    titles = [e["title"] for e in page_data["profiler"]["kernel_lists"]]
+    split = next(i for i, e in enumerate(entries)
+                 if e["provider"] == "sdpa_flash" and e["phase"] == "decode")
+    tab.page.select_option("#kernel-list", str(split))
+    assert "flash_fwd_splitkv" in tab.text("#kernel-list-sentence")
+    assert titles[split] in tab.page.locator("#kernel-list option:checked").inner_text()
+
+
+def test_ncu_charts_match_the_committed_nsight_compute_rows(tab, page_data):
+    profiler = page_data["profiler"]
+    workload = profiler["workloads"][profiler["workload_default"]]
+    summary = json.loads((committed_results() / "ncu" / "summary.json").read_text())
+    attnlab_row = next(r for r in workload["rows"] if r["provider"] == "attnlab")
+    shape_key = workload["key"].split("|", 1)[1]
+    kernel = next(k for k in summary["kernels"] if k["case"].startswith("attnlab|prefill")
+                  and ncu.parse_case_label(k["case"])[2].describe() == shape_key)
+    sol = tab.page.eval_on_selector_all(
+        '#sol-chart g[data-provider="attnlab"] rect.bar-rect',
+        "r => r.map(b => [b.dataset.key, Number(b.dataset.value)])")
+    assert sol == [["compute", kernel["sol_compute_pct"]], ["memory", kernel["sol_memory_pct"]]]
+    occupancy = tab.page.eval_on_selector_all(
+        '#occupancy-chart g[data-provider="attnlab"] rect.bar-rect',
+        "r => r.map(b => Number(b.dataset.value))")
+    assert occupancy == [kernel["achieved_occupancy_pct"]]
+    blocks = tab.page.eval_on_selector_all(
+        '#blocks-chart g[data-provider="attnlab"] rect.bar-rect',
+        "r => r.map(b => Number(b.dataset.value))")
+    assert blocks == [pytest.approx(min(kernel["grid_size"] / kernel["sms"], 16))]
+    stalls = tab.page.eval_on_selector_all(
+        '#stall-chart g[data-provider="attnlab"] rect.bar-rect',
+        "r => r.map(b => Number(b.dataset.value))")
+    assert sum(stalls) == pytest.approx(sum(kernel["warp_stalls"].values()))
+    assert f"{kernel['grid_size']:,} blocks" in tab.text("#occupancy-sentence")
+    assert attnlab_row["grid_blocks"] == kernel["grid_size"]
+    # Another workload redraws every chart.
+    other = next(i for i, w in enumerate(profiler["workloads"]) if len(w["rows"]) !=
+                 len(workload["rows"]))
+    tab.page.select_option("#ncu-workload", str(other))
+    assert tab.page.locator("#sol-chart g.bar-row-svg").count() == \
+        len(profiler["workloads"][other]["rows"])
+    missing = tab.page.locator("#profiler .missing-phase")
+    assert missing.count() == len(profiler["missing"])
+    if profiler["missing"]:
+        assert "attnlab ncu --phase decode" in missing.first.inner_text()
+
+
+# ----------------------------------------------------------------- synthetic records
 SYNTHETIC_NOTE = "synthetic records written by this test, never shown in docs"
 
 
@@ -333,6 +557,12 @@ def _synthetic_records(folder: Path) -> None:
                 "kernel_names": [], "gpu": "test GPU", "torch": "test", "triton": "test",
                 "driver": None, "git_commit": "test", "timestamp": "2026-01-01T00:00:00+00:00",
                 "command": SYNTHETIC_NOTE})
+    # One more workload measured at one length only: drawn as bars, not a lonely dot.
+    for provider, p50 in (("attnlab", 0.2), ("eager", 3.0)):
+        shape = AttentionShape(query_heads=8, kv_heads=8, seqlen_q=4096, seqlen_k=4096,
+                               head_dim=64, dtype="bf16", causal=False)
+        lines.append({**lines[0], "provider": provider, "shape": shape.as_dict(), "p20": p50,
+                      "p50": p50, "p80": p50})
     folder.mkdir(parents=True)
     (folder / "synthetic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
@@ -343,24 +573,35 @@ def test_latency_chart_log_axis_and_hover(browser, tmp_path):
     url = write_page(tmp_path / "page", data).as_uri()
     opened = OpenPage(browser, url)
     try:
-        points = opened.page.locator('#latency-prefill-chart circle[data-provider="eager"]')
+        points = opened.page.locator('#chart-prefill circle[data-provider="eager"]')
         assert points.count() == 4
         ys = [float(points.nth(k).get_attribute("cy")) for k in range(4)]
         # Latency grows 4x per doubling: on a log axis the steps are equal.
         steps = [a - b for a, b in zip(ys, ys[1:], strict=False)]
         assert max(steps) - min(steps) < 0.01 and steps[0] > 0
-        series = data["measured"]["charts"]["prefill"][0]["series"]
+        charts = data["measured"]["phases"][0]["charts"]
+        series = charts[0]["series"]
         expected = next(s for s in series if s["provider"] == "eager")["points"][1]["text"]
         points.nth(1).hover()
-        tooltip = opened.page.locator("#latency-prefill-tooltip")
+        tooltip = opened.page.locator("#tooltip-prefill")
         assert tooltip.is_visible()
         assert tooltip.inner_text() == expected
-        assert "2,048 tokens \u00b7 1 ms median of 10" in expected  # 4.0 * (2048/4096)^2
+        assert "2,048 tokens \u00b7 B=1 \u00b7 1 ms median of 10" in expected  # 4.0 * (1/2)^2
         opened.page.mouse.move(0, 0)
         assert tooltip.is_hidden()
         points.nth(3).focus()  # keyboard users get the same value
         assert tooltip.inner_text() == next(
             s for s in series if s["provider"] == "eager")["points"][3]["text"]
+        # The one-length workload: bars with the records' medians, attnlab outlined.
+        assert [c["kind"] for c in charts] == ["line", "bars"]
+        opened.page.select_option("#family-prefill", "1")
+        assert opened.page.locator("#chart-prefill").get_attribute("data-kind") == "bars"
+        bars = opened.page.eval_on_selector_all(
+            "#chart-prefill rect.bar-rect", "r => r.map(b => [b.getAttribute('fill'), "
+            "Number(b.dataset.value), b.classList.contains('bar-ours')])")
+        colours = {p["name"]: p["colour"] for p in data["measured"]["providers"]}
+        assert bars == [[colours["attnlab"], 0.2, True], [colours["eager"], 3.0, False]]
+        assert opened.page.locator("#chart-prefill circle").count() == 0
         opened.page.locator("#how-much").screenshot(
             path=str(_artifact("explain-how-much-synthetic.png")))
         assert opened.problems() == []

@@ -16,7 +16,6 @@ import pytest
 
 from attnlab.cli import main as cli_main
 from attnlab.explain import build_page_data, render_page, write_page
-from attnlab.explain import data as page_data
 from attnlab.explain.measured import measured_section
 from attnlab.explain.page import embed_json
 from attnlab.explain.units import (
@@ -199,18 +198,18 @@ def test_no_results_folder_means_no_invented_data(tmp_path):
     for section in (measured_section(None), measured_section(tmp_path / "missing"),
                     measured_section(tmp_path)):
         assert section["record_count"] == 0
-        assert section["charts"] == {"prefill": [], "decode": []}
-        assert section["bytes_table"] == []
+        assert section["phases"] == []
+        assert section["bytes"]["points"] == [] and section["bytes"]["table"] == []
         assert section["has_latency"] is False
         assert "no measured records" in section["empty_message"].lower() \
             or "no results folder" in section["empty_message"].lower()
 
 
 def _record(provider, phase, seqlen, p50, *, metric="latency", unit="ms", causal=True,
-            kernel="call", **extra):
+            kernel="call", batch=1, **extra):
     seqlen_q = 1 if phase == "decode" else seqlen
-    shape = AttentionShape(query_heads=24, kv_heads=4, seqlen_q=seqlen_q, seqlen_k=seqlen,
-                           head_dim=256, dtype="bf16", causal=causal)
+    shape = AttentionShape(batch=batch, query_heads=24, kv_heads=4, seqlen_q=seqlen_q,
+                           seqlen_k=seqlen, head_dim=256, dtype="bf16", causal=causal)
     record = {
         "kernel": kernel, "provider": provider, "phase": phase, "shape": shape.as_dict(),
         "metric": metric, "unit": unit, "p20": None if p50 is None else p50 * 0.98,
@@ -227,36 +226,114 @@ def _write_records(folder, records):
     (folder / "h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
+def _skip(provider, phase, seqlen, reason):
+    return _record(provider, phase, seqlen, None, metric="skipped", unit="reason", reason=reason)
+
+
 def test_latency_charts_group_by_workload_and_provider(tmp_path):
     records = [_record(p, "prefill", n, t * n / 1024)
                for p, t in (("eager", 1.0), ("sdpa_flash", 0.1)) for n in (1024, 4096, 2048)]
     records += [_record("attnlab", "decode", n, 0.01 * n / 1024) for n in (4096, 32768)]
-    records.append(_record("flex", "prefill", 4096, None, metric="skipped", unit="reason",
-                           reason="no kernel for d=256"))
+    records.append(_skip("flex", "prefill", 4096, "no kernel for d=256"))
     records.append(_record("sdpa_flash", "prefill", 4096, 2.5, unit="us"))
     _write_records(tmp_path / "results", records)
     section = measured_section(tmp_path / "results")
     assert section["record_count"] == len(records)
-    prefill = section["charts"]["prefill"]
+    phases = {block["phase"]: block for block in section["phases"]}
+    assert list(phases) == ["prefill", "decode"]
+    prefill = phases["prefill"]["charts"]
     assert len(prefill) == 1  # one workload family: same shape but the length
     chart = prefill[0]
-    labels = [s["label"] for s in chart["series"]]
-    assert "eager" in labels and any(label.startswith("sdpa_flash") for label in labels)
-    eager = next(s for s in chart["series"] if s["label"] == "eager")
+    assert chart["kind"] == "line"
+    assert [t["label"] for t in chart["x_ticks"]] == ["1k", "2k", "4k"]
+    eager = next(s for s in chart["series"] if s["provider"] == "eager")
     assert [p["x"] for p in eager["points"]] == [1024, 2048, 4096]
     assert [p["y_ms"] for p in eager["points"]] == [1.0, 2.0, 4.0]
+    assert [p["p20_ms"] for p in eager["points"]] == pytest.approx([0.98, 1.96, 3.92])
     assert "4 ms median of 50" in eager["points"][-1]["text"]
-    # A record timed in microseconds is plotted in milliseconds; it has the same series key
-    # and length as an earlier record, so it replaces it (upsert order: later wins).
-    flash = next(s for s in chart["series"] if s["label"].startswith("sdpa_flash"))
+    # A record timed in microseconds is plotted in milliseconds; same provider and length as
+    # an earlier record, so it replaces it (upsert order: later wins).
+    flash = next(s for s in chart["series"] if s["provider"] == "sdpa_flash")
     assert flash["points"][-1]["y_ms"] == pytest.approx(0.0025)
-    assert "flex at 4k (no kernel for d=256)" in chart["note"]
-    decode = section["charts"]["decode"]
+    assert chart["not_measured"] == "Not measured: flex at 4k (no kernel for d=256)."
+    decode = phases["decode"]["charts"]
     assert len(decode) == 1 and [p["x"] for p in decode[0]["series"][0]["points"]] == [4096, 32768]
     assert section["has_latency"] is True
 
 
-def test_bytes_table_sets_ncu_bytes_against_both_models(tmp_path):
+def test_headline_is_computed_from_the_records(tmp_path):
+    records = []
+    for n, ours, eager, cudnn in ((1024, 0.1, 1.0, 0.08), (4096, 0.35, 4.6, 0.27),
+                                  (16384, 4.0, 60.0, 3.6)):
+        records += [_record("attnlab", "prefill", n, ours, tflops=400.0),
+                    _record("eager", "prefill", n, eager), _record("sdpa_cudnn", "prefill", n, cudnn)]
+    records.append(validate_record({**_record("attnlab", "prefill", 1024, 1.0), "kernel": "GEMM",
+                                    "provider": "ceiling", "metric": "tflops", "unit": "TFLOP/s",
+                                    "shape": {}, "p50": 680.0, "p20": 680.0, "p80": 680.0}))
+    _write_records(tmp_path / "r", records)
+    block = measured_section(tmp_path / "r")["phases"][0]
+    assert block["headline"] == (
+        f"At 4k tokens, attnlab takes 0.350 ms (400 TFLOP/s, {100 * 400 / 680:.0f}% of the "
+        f"measured matrix roof): {4.6 / 0.35:.1f}\u00d7 faster than eager PyTorch (4.60 ms), "
+        f"{0.35 / 0.27:.2f}\u00d7 slower than cuDNN (SDPA) (0.270 ms).")
+    roof = block["charts"][0]["throughput"]["roof"]
+    assert roof["value"] == 680.0 and block["charts"][0]["throughput"]["unit"] == "TFLOP/s"
+
+
+def test_decode_headline_quotes_the_longest_cache_in_tbps(tmp_path):
+    records = [_record("attnlab", "decode", n, ms, tbps=0.2) for n, ms in ((4096, 0.16), (65536, 1.0))]
+    records += [_record("sdpa_flash", "decode", n, ms) for n, ms in ((4096, 0.06), (65536, 0.09))]
+    _write_records(tmp_path / "r", records)
+    block = measured_section(tmp_path / "r")["phases"][0]
+    assert block["headline"].startswith("At a 64k KV cache, attnlab takes 1.00 ms (0.2 TB/s")
+    assert f"{1.0 / 0.09:.1f}\u00d7 slower than FA2 (SDPA flash) (0.0900 ms)" in block["headline"]
+    assert block["charts"][0]["throughput"]["unit"] == "TB/s"  # bandwidth, never TFLOP/s
+
+
+def test_one_not_measured_line_grouped_by_reason(tmp_path):
+    records = [_record("attnlab", "prefill", n, 1.0) for n in (1024, 4096)]
+    for n in (1024, 4096):
+        for provider in ("flash_attn", "flashinfer"):
+            records.append(_skip(provider, "prefill", n, f"{provider} is not importable "
+                                 f"(ModuleNotFoundError: No module named '{provider}')"))
+    records.append(_skip("sdpa_efficient", "prefill", 4096, "failed: RuntimeError: no kernel"))
+    _write_records(tmp_path / "r", records)
+    chart = measured_section(tmp_path / "r")["phases"][0]["charts"][0]
+    assert chart["not_measured"] == ("Not measured: flashinfer, flash_attn (not importable); "
+                                     "sdpa_efficient at 4k (failed: RuntimeError: no kernel).")
+
+
+def test_single_length_workloads_are_bars_and_constant_token_sweeps_one_curve(tmp_path):
+    records = [_record(p, "prefill", 4096, ms) for p, ms in (("attnlab", 0.4), ("eager", 5.0))]
+    records += [_record("attnlab", "prefill", n, 1.0, causal=False, batch=16384 // n)
+                for n in (1024, 2048, 4096, 8192, 16384)]
+    _write_records(tmp_path / "r", records)
+    charts = measured_section(tmp_path / "r")["phases"][0]["charts"]
+    assert [c["kind"] for c in charts] == ["line", "bars"]  # longest sweep first
+    assert "batch \u00d7 N = 16k tokens" in charts[0]["title"]
+    assert [p["batch"] for p in charts[0]["series"][0]["points"]] == [16, 8, 4, 2, 1]
+
+
+def test_colours_are_one_palette_stable_across_workloads(tmp_path):
+    providers = ["attnlab", "eager", "eager_typical", "sdpa", "sdpa_cudnn", "sdpa_flash",
+                 "sdpa_efficient", "sdpa_math", "flex"]
+    records = [_record(p, "prefill", n, 1.0 + k) for k, p in enumerate(providers)
+               for n in (1024, 4096)]
+    records += [_record(p, "decode", 4096, 1.0) for p in reversed(providers)]
+    _write_records(tmp_path / "r", records)
+    section = measured_section(tmp_path / "r")
+    colours = {p["name"]: p["colour"] for p in section["providers"]}
+    assert len(set(colours.values())) == len(providers)  # nine providers, nine colours
+    for block in section["phases"]:
+        for chart in block["charts"]:
+            for series in chart["series"]:
+                assert series["colour"] == colours[series["provider"]]
+            visible = [s["provider"] for s in chart["series"] if s["visible"]]
+            assert visible[0] == "attnlab" and len(visible) == section["default_visible"] == 4
+    assert [p["ours"] for p in section["providers"]].count(True) == 1
+
+
+def test_bytes_chart_sets_ncu_bytes_against_both_models(tmp_path):
     from attnlab.measure import compare, ncu
 
     shape = AttentionShape(query_heads=32, kv_heads=32, seqlen_q=4096, seqlen_k=4096)
@@ -273,15 +350,79 @@ def test_bytes_table_sets_ncu_bytes_against_both_models(tmp_path):
     (folder / "notes.csv").write_text("a,b\n1,2\n")
     section = measured_section(folder)
     expected = compare.compare_case("sdpa_cudnn", shape, [kernel])
-    assert len(section["bytes_table"]) == 1
-    row = section["bytes_table"][0]
-    assert row["measured_bytes"] == 164_000_000 == expected.measured_total
-    assert row["cache_model_bytes"] == expected.predicted_total
-    assert row["logical_bytes"] == expected.logical_bytes
-    assert row["cells"][4] == format_bytes(164_000_000)
-    assert "1 kernel of ncu_kernels.csv ran outside" in section["bytes_caption"]
-    assert "notes.csv is not an Nsight Compute CSV" in section["bytes_caption"]
-    assert section["charts"] == {"prefill": [], "decode": []}  # no JSONL records there
+    bytes_data = section["bytes"]
+    assert len(bytes_data["points"]) == 1 == len(bytes_data["table"])
+    point = bytes_data["points"][0]
+    assert point["measured_bytes"] == 164_000_000 == expected.measured_total
+    assert point["cache_model_bytes"] == expected.predicted_total
+    assert point["logical_bytes"] == expected.logical_bytes
+    assert bytes_data["table"][0]["cells"][4] == format_bytes(164_000_000)
+    within = abs(expected.relative_error) <= 0.15
+    assert bytes_data["headline"].startswith(
+        f"The cache-aware model is within 15% of the measured DRAM bytes in {int(within)} of 1")
+    assert "1 kernel of ncu_kernels.csv ran outside" in bytes_data["caption"]
+    assert "notes.csv is not an Nsight Compute CSV" in bytes_data["caption"]
+    assert section["phases"] == []  # no JSONL records there
+
+
+# ----------------------------------------------------------------- 5. profiler
+def test_profiler_kernel_lists_and_ncu_rows_come_from_the_files(tmp_path):
+    from attnlab.explain.profile import profiler_section, short_kernel_name
+    from attnlab.measure import ncu
+
+    folder = tmp_path / "results"
+    (folder / "ncu").mkdir(parents=True)
+    shape = AttentionShape(query_heads=32, kv_heads=32, seqlen_q=4096, seqlen_k=4096)
+    entries = [
+        {"provider": "eager", "phase": "prefill", "shape": shape.as_dict(), "launches": 4,
+         "total_us": 1000.0, "gemm_us": 200.0, "outside_gemm_share": 0.8, "kernels": [
+             {"name": "gemm", "short_name": "nvjet_gemm", "calls": 2, "total_us": 200.0,
+              "is_gemm": True},
+             {"name": "softmax", "short_name": "softmax", "calls": 2, "total_us": 800.0,
+              "is_gemm": False}]},
+        {"provider": "attnlab", "phase": "prefill", "shape": shape.as_dict(), "launches": 1,
+         "total_us": 90.0, "gemm_us": 0.0, "outside_gemm_share": 1.0, "kernels": [
+             {"name": "_attn_fwd", "short_name": "_attn_fwd", "calls": 1, "total_us": 90.0,
+              "is_gemm": False}]}]
+    (folder / "kernels.json").write_text(json.dumps(entries))
+    metrics = {"gpu__time_duration.sum": (540768.0, "ns"),
+               "sm__throughput.avg.pct_of_peak_sustained_elapsed": (53.34, "%"),
+               "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": (39.61, "%"),
+               "sm__warps_active.avg.pct_of_peak_sustained_active": (12.49, "%"),
+               "device__attribute_multiprocessor_count": (132.0, ""),
+               "smsp__average_warp_latency_per_inst_issued.ratio": (6.26, ""),
+               ncu.stall_metric("barrier"): (1.79, ""), ncu.stall_metric("wait"): (1.62, "")}
+    kernel = ncu.NcuKernel(0, "_attn_fwd", ncu.case_label("attnlab", "prefill", shape),
+                           (1024, 1, 1), (256, 1, 1), metrics)
+    ncu.write_long_csv([kernel], folder / "ncu" / "ncu_kernels.csv")
+    section = profiler_section(folder)
+    assert section["available"]
+    default = section["kernel_lists"][section["kernel_list_default"]]
+    assert default["provider"] == "eager"
+    assert default["sentence"] == ("eager PyTorch launches 4 kernels (2 distinct) in 1.00 ms; "
+                                   "80.0% of that time is outside its 2 matrix multiplies, "
+                                   "which take 0.200 ms.")
+    assert [c["launches"] for c in default["launch_counts"]] == [1, 4]  # attnlab first
+    workload = section["workloads"][0]
+    row = workload["rows"][0]
+    assert (row["sol_compute_pct"], row["sol_memory_pct"], row["occupancy_pct"]) == \
+        (53.34, 39.61, 12.49)
+    assert row["grid_blocks"] == 1024 and row["blocks_per_sm"] == pytest.approx(1024 / 132)
+    assert [s["reason"] for s in row["stall_segments"]][:2] == ["barrier", "wait"]
+    assert "attnlab 1,024 blocks of 256 threads on 132 SMs (7.76 per SM)" in \
+        workload["occupancy_sentence"]
+    assert section["missing"] and section["missing"][0].startswith("Decode is not in")
+    assert short_kernel_name("void at::native::<unnamed>::cunn_SoftMaxForwardReg<c10::Half, "
+                             "float>(c10::Half*)") == "cunn_SoftMaxForwardReg"
+
+
+def test_profiler_without_data_says_so(tmp_path):
+    from attnlab.explain.profile import profiler_section
+
+    assert profiler_section(None)["available"] is False
+    assert profiler_section(tmp_path)["available"] is False
+    html = render_page(build_page_data(None))
+    assert 'id="profiler-empty"' in html
 
 
 # ----------------------------------------------------------------- 5. Amdahl
@@ -357,8 +498,9 @@ def test_write_page_rejects_a_path_as_name(tmp_path, data):
 # ----------------------------------------------------------------- the verb
 def test_explain_verb_writes_the_page_and_prints_json(tmp_path, capsys):
     out = tmp_path / "page"
-    assert cli_main(["explain", "--out", str(out), "--results", str(tmp_path / "none"),
-                     "--json"]) == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli_main(["explain", "--out", str(out), "--results", str(empty), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["page"] == str(out / "index.html")
     assert (out / "index.html").stat().st_size == summary["page_bytes"]
@@ -368,21 +510,28 @@ def test_explain_verb_writes_the_page_and_prints_json(tmp_path, capsys):
     assert "3.77\u00d7 (invalid)" in sections["3 bytes"]["value"]
 
 
-def test_explain_verb_table_and_bad_out(tmp_path, capsys):
+def test_explain_verb_refuses_a_missing_results_folder_and_an_unusable_out(tmp_path, capsys):
     assert cli_main(["explain", "--out", str(tmp_path / "p"), "--results",
-                     str(tmp_path / "none")]) == 0
-    assert "o = 24.19" in capsys.readouterr().out
+                     str(tmp_path / "nonexistent")]) == 2
+    err = capsys.readouterr().err
+    assert "--results" in err and "does not exist" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p" / "index.html").exists()
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert cli_main(["explain", "--out", str(blocker)]) == 2
-    assert "--out" in capsys.readouterr().err
+    for out in (blocker, blocker / "below"):
+        assert cli_main(["explain", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and len(err.strip().splitlines()) == 1
 
 
-def test_demo_writes_explain_html(tmp_path, monkeypatch):
-    from attnlab.commands import explain
+def test_explain_verb_table_on_the_committed_results(tmp_path, capsys):
+    assert cli_main(["explain", "--out", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "o = 24.19" in out and "records" in out
 
-    monkeypatch.chdir(tmp_path)  # no bench/results here: the page says so
-    explain.demo(tmp_path)
-    html = (tmp_path / "explain.html").read_text()
-    assert "no measured records" in html.lower()
-    assert page_data.MEMORY_DEFAULT == ("qwen-gqa", 2048)
+
+def test_section_list_has_separators(data):
+    html = render_page(data)
+    nav = re.search(r"<nav.*?</nav>", html, re.S).group(0)
+    numbers = re.findall(r'<span class="nav-number">(\d+)\.</span>', nav)
+    assert numbers == ["1", "2", "3", "4", "5", "6"]

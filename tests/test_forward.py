@@ -7,12 +7,14 @@ GPU tests at the bottom repeat it at real sizes.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import pytest
 import torch
 
+from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels.configs import ForwardConfig
 from attnlab.kernels.forward import flash_forward, kernel_is_interpreted
@@ -29,14 +31,8 @@ HEAD_DIMS = [32, 59, 64, 111, 128, 256]
 HEADS = [(2, 2), (6, 2), (3, 1)]  # MHA, GQA 3:1, MQA
 
 
-def make_qkv(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, layout="bshd", seed=0):
-    gen = torch.Generator().manual_seed(seed)
-
-    def rand(h, n):
-        dims = (batch, n, h, head_dim) if layout == "bshd" else (batch, h, n, head_dim)
-        return torch.randn(dims, generator=gen, dtype=torch.float32).to(dtype).to(DEVICE)
-
-    return rand(heads, seqlen_q), rand(kv_heads, seqlen_k), rand(kv_heads, seqlen_k)
+# The shared maker, in flash-attn's layout on the kernel's device unless a test says otherwise.
+make_qkv = functools.partial(shared_make_qkv, layout="bshd", device=DEVICE)
 
 
 def run_and_check(q, k, v, *, layout="bshd", config=None, **options):
@@ -160,3 +156,118 @@ def test_gpu_peak_memory_is_linear_in_seqlen():
     extra = torch.cuda.max_memory_allocated() - before
     out_and_lse = q.numel() * q.element_size() + 8 * 16384 * 4
     assert extra <= out_and_lse + (1 << 20), extra  # O, LSE, and a descriptor scratch at most
+
+
+# ---------------------------------------------------------------------------
+# Softcap at any cap (issue #11): the tanh has no cancellation.
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("softcap", [1e6, 1e7])
+def test_huge_softcaps_meet_the_accuracy_rule(dtype, softcap):
+    # softcap * tanh(s / softcap) is s to 1e-12 here; 1 - 2 / (exp(2x) + 1) lost 0.1 of it.
+    q, k, v = make_qkv(1, 2, 2, 77, 77, 64, dtype, seed=12)
+    run_and_check(q, k, v, softcap=softcap, causal=True)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+def test_bf16_scores_near_the_edge_of_float32_stay_finite(softcap):
+    # |q|, |k| ~ 1e18: scores ~ 1e37, inside float32 (and the float64 reference) but far
+    # past any exp: the running max and the softcap must keep every step finite.
+    q, k, v = make_qkv(1, 2, 2, 65, 130, 64, torch.bfloat16, seed=13)
+    q, k = (t * 1e18 for t in (q, k))
+    out, lse = run_and_check(q, k, v, causal=True, softcap=softcap)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+# ---------------------------------------------------------------------------
+# 64-bit offsets (issue #11): the launcher's decision, and the 64-bit path itself.
+
+def test_offsets_need_int64_exactly_when_a_head_row_offset_passes_2_31():
+    from attnlab.kernels.forward import offsets_need_int64
+
+    # bshd, 32 heads x 128: a row is 4,096 elements; 600k keys pass 2^31, 300k do not.
+    assert offsets_need_int64(600_000, 32 * 128, 128, 128)
+    assert not offsets_need_int64(300_000, 32 * 128, 128, 128)
+    # bhsd, same tensor size: one head's rows are 600k x 128 elements, far below 2^31.
+    assert not offsets_need_int64(600_000, 128, 128, 128)
+    # The masked rows of a ragged last tile count too.
+    rows = (2**31 - 1 - 128) // 4096
+    assert not offsets_need_int64(rows - 128, 4096, 128, 128)
+    assert offsets_need_int64(rows, 4096, 128, 128)
+
+
+class _RecordingLaunch:
+    """Stands in for the kernel: records the launch instead of running it."""
+
+    def __init__(self):
+        self.options = None
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.options = {"grid": grid, **options}
+        return launch
+
+
+@pytest.mark.parametrize(("layout", "seqlen_q", "seqlen_k", "wide"), [
+    ("bshd", 64, 600_000, True),     # issue #11: 64 queries x 600k keys x 32 heads x 128
+    ("bshd", 600_000, 256, True),    # and 600k queries x 256 keys
+    ("bshd", 64, 300_000, False),    # fine in 32 bits (the base offset is int64)
+    ("bhsd", 64, 600_000, False),    # 4.9e9 elements, but one head's rows fit 32 bits
+])
+def test_launcher_picks_64_bit_offsets_for_the_issue_sizes(monkeypatch, layout, seqlen_q,
+                                                           seqlen_k, wide):
+    import attnlab.kernels.forward as forward_module
+
+    recorder = _RecordingLaunch()
+    monkeypatch.setattr(forward_module, "_attn_fwd", recorder)
+
+    def meta(seqlen):  # full-size tensors that allocate nothing
+        dims = (1, seqlen, 32, 128) if layout == "bshd" else (1, 32, seqlen, 128)
+        return torch.empty(dims, dtype=torch.bfloat16, device="meta")
+
+    flash_forward(meta(seqlen_q), meta(seqlen_k), meta(seqlen_k), layout=layout, scale=0.088)
+    assert recorder.options["OFFSETS_64"] is wide
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_forced_64_bit_offsets_give_the_same_bits(monkeypatch, layout):
+    import attnlab.kernels.forward as forward_module
+
+    q, k, v = make_qkv(2, 4, 2, 97, 130, 64, torch.float16, layout=layout, seed=14)
+    fast = flash_forward(q, k, v, layout=layout, scale=0.125, window=(40, 3))
+    monkeypatch.setattr(forward_module, "offsets_need_int64", lambda *args: True)
+    wide = flash_forward(q, k, v, layout=layout, scale=0.125, window=(40, 3))
+    assert torch.equal(fast[0], wide[0]) and torch.equal(fast[1], wide[1])
+
+
+def _free_gpu_bytes() -> int:
+    return torch.cuda.mem_get_info()[0] if on_gpu else 0
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("layout", "seqlen_q", "seqlen_k", "causal"), [
+    ("bshd", 64, 600_000, True),    # K, V past 2^31 elements (issue #11's crash)
+    ("bshd", 600_000, 256, False),  # Q, O past 2^31 elements
+    ("bhsd", 64, 600_000, True),    # the same K, V size on the 32-bit row path
+])
+def test_gpu_tensors_past_2_31_elements(layout, seqlen_q, seqlen_k, causal):
+    heads, head_dim = 32, 128
+    big = max(seqlen_q, seqlen_k) * heads * head_dim * 2  # bytes of one big bf16 tensor
+    need = 2 * big + (6 << 30)  # two big tensors, the small ones and the reference's head slices
+    if _free_gpu_bytes() < need:
+        pytest.skip(f"needs {need / 2**30:.0f} GiB of free GPU memory, "
+                    f"{_free_gpu_bytes() / 2**30:.0f} free")
+    q, k, v = make_qkv(1, heads, heads, seqlen_q, seqlen_k, head_dim, torch.bfloat16,
+                       layout=layout, seed=15)
+    scale = 1.0 / math.sqrt(head_dim)
+    out, lse = flash_forward(q, k, v, layout=layout, scale=scale, causal=causal)
+    torch.cuda.synchronize()
+    # A chunked reference: one head at a time (its whole rows and keys, in float64), the
+    # first head and the last (the largest offsets).
+    head_axis = 2 if layout == "bshd" else 1
+    for head in (0, heads - 1):
+        one = [t.narrow(head_axis, head, 1) for t in (q, k, v, out)]
+        result = check_accuracy(one[3], lse[:, head:head + 1], *one[:3], scale=scale,
+                                causal=causal, layout=layout)
+        assert result.passed, (head, result)

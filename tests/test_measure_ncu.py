@@ -198,8 +198,7 @@ def fake_ncu(tmp_path, *, reject_full: bool, kernels: dict) -> str:
 
 
 def test_run_ncu_orchestrates_profile_import_and_join(tmp_path):
-    from attnlab.measure.cache_model import predict
-    from attnlab.measure.compare import compare_case
+    from attnlab.measure.compare import compare_case, predict
 
     shape = AttentionShape(query_heads=2, kv_heads=2, seqlen_q=32, seqlen_k=32, head_dim=16,
                            dtype="fp32")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -110,13 +111,81 @@ def test_a_bad_line_is_reported_with_file_and_line(tmp_path):
 def test_environment_on_this_machine(monkeypatch):
     monkeypatch.setenv("ATTNLAB_GIT_COMMIT", "0123456789ab")
     env = rec.environment("attnlab bench")
-    assert set(env) == set(rec.ENVIRONMENT_KEYS)
+    assert set(env) == set(rec.ENVIRONMENT_KEYS) | set(rec.ENVIRONMENT_OPTIONAL_KEYS)
     assert env["git_commit"] == "0123456789ab"
     assert env["command"] == "attnlab bench"
     assert env["timestamp"].endswith("+00:00")
     import torch
 
+    assert env["cuda_runtime"] == torch.version.cuda
     if not torch.cuda.is_available():
-        assert env["gpu"] == "cpu" and env["driver"] is None
+        assert env["gpu"] == "cpu" and env["driver"] is None and env["cudnn"] is None
+    else:
+        assert env["cudnn"].count(".") == 2  # major.minor.patch
     with pytest.raises(ValueError, match="command"):
         rec.environment("")
+
+
+def test_versions_of_cuda_and_cudnn_travel_into_records_and_stay_optional():
+    env = {**ENV, "cuda_runtime": "13.0", "cudnn": "9.10.2"}
+    record = latency(env=env, timing_method="cuda-graph, flush=l2, warmup=3")
+    assert record["cuda_runtime"] == "13.0" and record["cudnn"] == "9.10.2"
+    assert record["timing_method"].startswith("cuda-graph")
+    old = latency()  # an environment from before the keys existed
+    assert "cudnn" not in old and "timing_method" not in old
+    with pytest.raises(TypeError, match="cudnn"):
+        rec.validate_record({**old, "cudnn": 91002})
+
+
+def test_cudnn_version_numbers_are_decoded(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    for number, text in ((91002, "9.10.2"), (90100, "9.1.0"), (8907, "8.9.7")):
+        monkeypatch.setattr(torch.backends.cudnn, "version", lambda n=number: n)
+        assert rec.cudnn_version() == text
+
+
+def test_every_write_keeps_a_tidy_csv_beside_the_jsonl(tmp_path):
+    import csv
+
+    path = tmp_path / "bench.jsonl"
+    skipped = rec.skipped_record(provider="flash_attn", phase="prefill", shape=SHAPE,
+                                 reason="flash_attn is not importable", env=ENV)
+    rec.upsert_records(path, [latency(1.0), skipped])
+    rec.upsert_records(path, [latency(4.0)])  # replaces the first row, in both files
+    table = rec.csv_path(path)
+    assert table.name == "bench.records.csv"
+    with table.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == list(rec.CSV_COLUMNS)
+    assert [(r["provider"], r["p50"]) for r in rows] == [("sdpa_flash", "4.0"), ("flash_attn", "")]
+    assert rows[0]["seqlen_q"] == "4096" and rows[0]["window_left"] == "-1"
+    assert rows[0]["kernel_names"] == "void pytorch_flash::flash_fwd_kernel<...>"
+    assert rows[1]["reason"] == "flash_attn is not importable"
+    assert all(r["command"] == ENV["command"] for r in rows)
+
+
+def test_every_committed_records_file_has_its_csv_and_loads():
+    folder = rec.committed_results()
+    files = sorted(folder.glob("*.jsonl"))
+    assert files, f"no committed records under {folder}"
+    for path in files:
+        records = rec.load_records(path)
+        assert records and rec.csv_path(path).is_file(), path
+        # One row per record (a quoted field may hold a newline, e.g. a skip reason).
+        with rec.csv_path(path).open(newline="") as handle:
+            assert len(list(csv.reader(handle))) == len(records) + 1
+
+
+def test_results_dir_is_the_shipped_folder_or_the_users(tmp_path):
+    shipped = rec.committed_results()
+    assert shipped.is_dir() and (shipped / "measure.jsonl").is_file()
+    assert shipped.parent.parent.name == "attnlab"  # inside the package, not a checkout path
+    assert rec.results_dir() == shipped
+    assert rec.results_dir(tmp_path) == tmp_path
+    with pytest.raises(ValueError, match="--records .* does not exist"):
+        rec.results_dir(tmp_path / "missing")
+    with pytest.raises(ValueError, match="--results .* does not exist"):
+        rec.results_dir(tmp_path / "missing", option="--results")

@@ -67,3 +67,69 @@ def test_bad_options_are_refused(options, message):
 def test_device_must_be_named():
     with pytest.raises(ValueError, match="device"):
         time_call(lambda: None, [()], device="tpu")
+
+
+def test_cuda_graph_must_be_a_tri_state():
+    with pytest.raises(ValueError, match="cuda_graph must be None"):
+        time_call(lambda: None, [()], device="cpu", cuda_graph="yes")
+
+
+def test_context_is_entered_once_around_all_calls_never_inside_one():
+    import contextlib
+
+    events = []
+
+    @contextlib.contextmanager
+    def pin():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    result = time_call(lambda: events.append("call"), [()], device="cpu", warmup=2, repeats=4,
+                       context=pin)
+    assert events == ["enter"] + ["call"] * 6 + ["exit"]
+    assert result.describe_method() == "perf-counter, flush=none, warmup=2"
+
+
+def test_context_must_be_callable():
+    with pytest.raises(TypeError, match="context"):
+        time_call(lambda: None, [()], device="cpu", context=object())
+
+
+def test_a_method_note_is_part_of_the_description():
+    timing = Timing((1.0, 2.0), "cuda-event", "l2", 3, note="capture failed: X")
+    assert timing.describe_method() == "cuda-event, flush=l2, warmup=3 (capture failed: X)"
+    assert "capture failed: X" in timing.describe()
+
+
+# ----- the GPU ----------------------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                                reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_short_calls_are_graph_timed_and_long_ones_are_not():
+    import torch
+
+    small = torch.randn(64, 64, device="cuda")
+    short = time_call(torch.matmul, [(small, small)], device="cuda", repeats=20)
+    assert short.method == "cuda-graph" and short.note is None
+    big = torch.randn(8192, 8192, device="cuda")
+    long = time_call(torch.matmul, [(big, big)], device="cuda", repeats=5)
+    assert long.method == "cuda-event"
+    forced = time_call(torch.matmul, [(small, small)], device="cuda", repeats=5, cuda_graph=False)
+    assert forced.method == "cuda-event"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_an_uncapturable_short_call_says_so():
+    import torch
+
+    x = torch.randn(16, device="cuda")
+    result = time_call(lambda: x.sum().item(), [()], device="cuda", repeats=5)  # .item() syncs
+    assert result.method == "cuda-event" and "capture failed" in result.note
+    with pytest.raises(Exception):  # noqa: B017 -- whatever capture raises, asked for: raised
+        time_call(lambda: x.sum().item(), [()], device="cuda", repeats=5, cuda_graph=True)
+

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab.masking import shape_band, visible_pairs
 from attnlab.model import flops, hardware, traffic
-from attnlab.model.mask import key_interval, keys_seen, visible_pairs
 from attnlab.shapes import LESSON_SHAPE, AttentionShape, preset
 
 
@@ -74,15 +74,15 @@ def test_visible_pairs_equal_brute_force(n_q, n_k, causal, left, right):
     brute = sum(visible(r, c) for r in range(n_q) for c in range(n_k))
     assert visible_pairs(shape) == brute
     for r in range(n_q):
-        first, stop = key_interval(shape, r)
-        assert keys_seen(shape, r) == sum(visible(r, c) for c in range(n_k))
+        first, stop = shape_band(shape).key_interval(r)
+        assert shape_band(shape).keys_seen(r) == sum(visible(r, c) for c in range(n_k))
         assert all(visible(r, c) for c in range(first, stop))
 
 
 def test_bottom_right_causal_with_short_keys():
     # 10 queries, 4 keys: query r sees keys <= r - 6, so the first 6 rows see nothing
     shape = AttentionShape(seqlen_q=10, seqlen_k=4, causal=True)
-    assert [keys_seen(shape, r) for r in range(10)] == [0] * 6 + [1, 2, 3, 4]
+    assert [shape_band(shape).keys_seen(r) for r in range(10)] == [0] * 6 + [1, 2, 3, 4]
     assert visible_pairs(shape) == 10
 
 

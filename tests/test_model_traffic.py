@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab.masking import MAX_SPLITS, split_plan, tile_plan, visible_pairs
 from attnlab.model import traffic
-from attnlab.model.mask import query_tile, query_tiles, visible_pairs
 from attnlab.shapes import LESSON_SHAPE, AttentionShape, preset
 
 MiB = 2**20
@@ -125,7 +125,7 @@ def test_ragged_n_unmasked_and_causal():
     causal = shape.replace(causal=True)
     assert traffic.kv_rows_streamed(causal) == 128 * 28 + 1000 == 4584
     assert traffic.fused_forward_traffic(causal).total_bytes == 2 * 4584 * row + 2 * 1000 * row
-    assert query_tile(causal, 7).rows == 104  # 1000 - 7 * 128
+    assert len(tile_plan(causal).query_tile(7).rows) == 104  # 1000 - 7 * 128
 
 
 def test_block_n_larger_than_block_m():
@@ -135,8 +135,8 @@ def test_block_n_larger_than_block_m():
     t = traffic.fused_forward_traffic(shape)
     assert t.total_bytes == 2 * 9216 * ROW + 2 * 1024 * ROW == 5_242_880
     # every query tile straddles the diagonal in exactly its last loaded tile
-    for tile in query_tiles(shape):
-        assert tile.masked_tiles == (tile.kv_stop - 1,)
+    for tile in tile_plan(shape).query_tiles:
+        assert tile.masked == (tile.kv_stop - 1,)
     unmasked = traffic.fused_forward_traffic(shape.replace(causal=False))
     assert unmasked.total_bytes == 16 * 2 * 1024 * ROW + 2 * 1024 * ROW == 8_912_896
 
@@ -197,7 +197,17 @@ def test_flash_decoding_reads_each_key_once_whatever_the_splits(splits):
     t = traffic.flash_decoding_traffic(shape, num_splits=splits, scope="head", pack_gqa=False)
     assert t.bytes_of("K") == 1000 * ROW
     assert t.bytes_of("O partial (fp32)") == 2 * splits * 128 * 4  # written and read back
-    assert traffic.split_ranges(16, 3) == [(0, 5), (5, 10), (10, 16)]
+    # flash-attn's rule: ceil(16 / 3) = 6 tiles per split, the last split shorter
+    assert split_plan(16, 3) == (range(0, 6), range(6, 12), range(12, 16))
+
+
+def test_flash_decoding_trailing_splits_may_be_empty():
+    # 16 KV tiles over 7 splits: ceil(16 / 7) = 3 tiles each, so splits 6 holds none
+    assert [len(r) for r in split_plan(16, 7)] == [3, 3, 3, 3, 3, 1, 0]
+    shape = AttentionShape(seqlen_q=1, seqlen_k=1000)
+    t = traffic.flash_decoding_traffic(shape, num_splits=20, scope="head", pack_gqa=False)
+    assert t.bytes_of("K") == 1000 * ROW  # every key once, even with more splits than tiles
+    assert t.bytes_of("O partial (fp32)") == 2 * 20 * 128 * 4  # empty splits write partials
 
 
 def test_backward_two_pass_by_hand():
@@ -294,30 +304,19 @@ shapes = st.builds(
 
 @settings(max_examples=150, deadline=None)
 @given(shape=shapes)
-def test_fused_traffic_agrees_with_reference_tile_plan(shape):
-    from attnlab.reference.tiles import tile_plan  # reference helper's module
-
+def test_fused_traffic_agrees_with_the_tile_plan(shape):
     plan = tile_plan(shape)
-    ours = query_tiles(shape)
-    assert len(plan.query_tiles) == len(ours)
-    for i, tile in enumerate(ours):
-        theirs = plan.query_tile(i)
-        assert list(tile.loaded) == list(theirs.loaded)
-        assert list(tile.masked_tiles) == list(theirs.masked)
-        assert tile.kv_rows_loaded == plan.loaded_kv_rows(i)
-        assert tile.rows == len(theirs.rows)
     t = traffic.fused_forward_traffic(shape)
     row = shape.head_dim * shape.element_bytes
-    assert t.bytes_of("K") == sum(plan.loaded_kv_rows(i) for i in range(len(ours))) * row
+    per_tile = [plan.loaded_kv_rows(i) for i in range(len(plan.query_tiles))]
+    assert t.bytes_of("K") == sum(per_tile) * row == plan.kv_rows_loaded() * row
     assert visible_pairs(shape) == plan.visible_pairs()
 
 
 def test_lesson_causal_plan_agrees_with_reference():
-    from attnlab.reference.tiles import tile_plan
-
     plan = tile_plan(CAUSAL)
     assert sum(plan.loaded_kv_rows(i) for i in range(32)) == traffic.kv_rows_streamed(CAUSAL)
-    assert list(plan.query_tile(4).masked) == list(query_tile(CAUSAL, 4).masked_tiles) == [8, 9]
+    assert list(plan.query_tile(4).masked) == [8, 9]
 
 
 # ----- bad input ---------------------------------------------------------------------------
@@ -337,7 +336,8 @@ def test_lesson_causal_plan_agrees_with_reference():
     (lambda: traffic.fused_forward_traffic(HEAD, write_lse="yes"), TypeError, "write_lse"),
     (lambda: traffic.fused_forward_traffic(HEAD, pack_gqa=1), TypeError, "pack_gqa"),
     (lambda: traffic.flash_decoding_traffic(HEAD, num_splits=0), ValueError, "num_splits"),
-    (lambda: traffic.flash_decoding_traffic(HEAD, num_splits=65), ValueError, r"\[1, 64\]"),
+    (lambda: traffic.flash_decoding_traffic(HEAD, num_splits=MAX_SPLITS + 1), ValueError,
+     rf"\[1, {MAX_SPLITS}\]"),
     (lambda: traffic.backward_traffic(HEAD, variant="fast"), ValueError, "variant must be one of"),
     (lambda: traffic.lesson_comparison(HEAD.replace(window=(8, 0))), ValueError, "window"),
     (lambda: traffic.traffic_ratio(traffic.naive_traffic(HEAD), traffic.naive_traffic(HEAD),
@@ -358,3 +358,28 @@ def test_as_dict_is_exact_integers():
     assert d["total_bytes"] == 36_700_160 + 16_384
     assert d["kernels"][0]["writes"] == {"O": ACT, "LSE": 16_384}
     assert d["scope_label"].startswith("per head") and d["condition"] == "causal"
+
+
+# ----- the byte model against the decode kernel's own buffers ------------------------------
+def test_flash_decoding_partials_are_the_kernel_buffers():
+    # The split kernel writes, and the combine reads, exactly the fp32 partial O and LSE
+    # buffers flash_decode allocates: (batch, seqlen_q, heads, splits[, d]).
+    torch = pytest.importorskip("torch")
+    from attnlab.kernels.decode import flash_decode
+    from attnlab.kernels.forward import kernel_is_interpreted
+
+    if not (torch.cuda.is_available() or kernel_is_interpreted()):
+        pytest.skip("the decode kernel needs a CUDA GPU or TRITON_INTERPRET=1")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shape = AttentionShape(batch=2, query_heads=4, kv_heads=2, seqlen_q=3, seqlen_k=100,
+                           head_dim=32, causal=True, block_n=32)
+    q = torch.randn(2, 3, 4, 32, dtype=torch.float16, device=device)
+    k = torch.randn(2, 100, 2, 32, dtype=torch.float16, device=device)
+    _, _, (o_part, lse_part) = flash_decode(q, k, k, scale=0.2, causal=True, num_splits=3,
+                                            return_partials=True)
+    model = traffic.flash_decoding_traffic(shape, num_splits=3, scope="layer")
+    split, combine = model.kernels
+    assert dict(split.writes) == {"O partial (fp32)": o_part.numel() * 4,
+                                  "LSE partial (fp32)": lse_part.numel() * 4}
+    assert dict(combine.reads) == dict(split.writes)
+    assert model.bytes_of("O partial (fp32)") == 2 * o_part.numel() * 4

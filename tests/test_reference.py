@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.reference import (
     FULL,
     MASKED,
@@ -59,13 +60,9 @@ def attention_cases(draw):
 
 def make_qkv(batch, query_heads, kv_heads, seqlen_q, seqlen_k, head_dim, value_dim, seed,
              dtype=torch.float64, magnitude=1.0):
-    generator = torch.Generator().manual_seed(seed)
-
-    def draw(*size):
-        return (torch.randn(*size, generator=generator, dtype=torch.float64) * magnitude).to(dtype)
-
-    return (draw(batch, query_heads, seqlen_q, head_dim), draw(batch, kv_heads, seqlen_k, head_dim),
-            draw(batch, kv_heads, seqlen_k, value_dim))
+    """The tests' one input maker, in the reference's positional order."""
+    return shared_make_qkv(batch, query_heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype,
+                           seed=seed, value_dim=value_dim, magnitude=magnitude)
 
 
 # ----- tiled == naive, and the LSE -----------------------------------------------------
@@ -243,6 +240,30 @@ def test_merge_states_edge_cases():
     with pytest.raises(ValueError, match="o_a"):
         merge_states(o, lse, o[:1], lse[:1])
 
+
+
+def test_a_nan_partial_poisons_the_merge_and_an_empty_one_never_does():
+    o = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    lse = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    nan_o = o.clone()
+    nan_o[0, 1] = math.nan
+    nan_lse = lse.clone()
+    nan_lse[1] = math.nan
+    # A live partial carrying NaN makes what it feeds NaN, as PyTorch's attention would:
+    # a NaN in o its element, a NaN lse its whole row; the rest stays finite.
+    for merged in (merge_states(o, lse, nan_o, lse), merge_states(nan_o, lse, o, lse)):
+        assert torch.isnan(merged[0][0, 1]) and torch.isfinite(merged[0][0, 0])
+        assert torch.isfinite(merged[0][1]).all() and torch.isfinite(merged[1]).all()
+    merged_o, merged_lse = merge_states(o, lse, o, nan_lse)
+    assert torch.isnan(merged_o[1]).all() and torch.isnan(merged_lse[1])
+    assert torch.isfinite(merged_o[0]).all() and torch.isfinite(merged_lse[0])
+    # A partial that saw no key (lse = -inf) adds exactly nothing, whatever its o holds.
+    empty_lse = torch.full_like(lse, -math.inf)
+    for garbage in (torch.full_like(o, math.nan), torch.full_like(o, math.inf)):
+        kept_o, kept_lse = merge_states(o, lse, garbage, empty_lse)
+        assert torch.equal(kept_o, o) and torch.equal(kept_lse, lse)
+        none_o, none_lse = merge_states(garbage, empty_lse, garbage, empty_lse)
+        assert (none_o == 0).all() and torch.isneginf(none_lse).all()
 
 def test_split_kv_rejects_bad_num_splits():
     q, k, v = make_qkv(1, 1, 1, 4, 4, 2, 2, seed=0)

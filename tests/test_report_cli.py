@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from attnlab.cli import main
+from attnlab.measure.profile import summarize_trace
 from attnlab.report.attribution import build_report
-from attnlab.report.trace import summarize_trace
 from attnlab.report.workload import LESSON_DOCUMENT_QA, default_workload
 from attnlab.shapes import AttentionShape
 

@@ -15,9 +15,10 @@ from attnlab.measure.decoder import (
     eager_attention,
     prompt,
 )
-from attnlab.measure.end_to_end import measurement_workload, run_measurement
+from attnlab.measure.end_to_end import run_measurement
 from attnlab.model.amdahl import amdahl_speedup
 from attnlab.report.attribution import build_report
+from attnlab.report.measurement import measurement_workload
 from attnlab.report.render import narrative, render_html
 
 TINY = DecoderConfig(layers=1, hidden=64, query_heads=4, kv_heads=2, head_dim=16, mlp_hidden=128,

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnlab.measure.profile import summarize_trace
 from attnlab.report.attribution import build_report, with_kernel_speedup, with_trace
 from attnlab.report.render import (
     narrative,
@@ -23,7 +24,6 @@ from attnlab.report.render import (
     waterfall_svg,
     write_report,
 )
-from attnlab.report.trace import summarize_trace
 from attnlab.report.workload import (
     LESSON_DOCUMENT_QA,
     default_workload,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.report.trace import (
+from attnlab.measure.profile import (
     DEFAULT_PATTERNS,
     MODE_CPU,
     MODE_DEVICE,

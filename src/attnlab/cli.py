@@ -1,47 +1,61 @@
 """`attnlab <verb>`: a thin dispatcher with no logic of its own.
 
-Each module in ``attnlab.commands`` adds its verbs through ``register(subparsers)``
-and may add a section to ``attnlab demo`` through ``demo(out_dir)`` (ordered by its
-``DEMO_ORDER``).  Library errors (ValueError, TypeError, NotImplementedError) become
-one line on stderr and exit code 2, like argparse's own usage errors.
+The verbs come from an explicit table (``attnlab.commands.VERB_MODULES`` plus the
+demo); each module adds its verbs through ``register(subparsers)``.  Library errors
+(ValueError, TypeError, NotImplementedError) become one line on stderr and exit code
+2, like argparse's own usage errors; a closed pipe (``attnlab traffic --json | head -1``)
+ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import pkgutil
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 
-def command_modules() -> list[ModuleType]:
-    import attnlab.commands as package
+def verb_modules() -> list[ModuleType]:
+    """Every module that registers verbs, in order: the table, then ``demo``."""
+    from attnlab.commands import VERB_MODULES, demo
 
-    names = sorted(info.name for info in pkgutil.iter_modules(package.__path__))
-    return [importlib.import_module(f"attnlab.commands.{name}") for name in names]
+    return [*VERB_MODULES, demo]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from attnlab import __version__
+
     parser = argparse.ArgumentParser(
         prog="attnlab",
         description="FlashAttention, made fast and made explainable.",
     )
+    parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     subparsers = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
-    for module in command_modules():
+    for module in verb_modules():
         module.register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return int(args.run(args) or 0)
-    except (ValueError, TypeError, NotImplementedError) as error:
-        print(f"attnlab {args.verb}: error: {error}", file=sys.stderr)
-        return 2
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        try:
+            return int(args.run(args) or 0)
+        except (ValueError, TypeError, NotImplementedError) as error:
+            message = " ".join(str(error).split())
+            print(f"attnlab {args.verb}: error: {message}", file=sys.stderr)
+            return 2
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop writing, and keep Python from printing a
+        # second BrokenPipeError when it flushes stdout at exit.
+        with contextlib.suppress(OSError, ValueError):  # a captured stdout has no descriptor
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,34 +1,155 @@
-"""Parsing and printing shared by the `attnlab` verbs (one definition each)."""
+"""Parsing and printing shared by the `attnlab` verbs (one definition each).
+
+Every option value is parsed here, so a bad value is always one line naming the
+option and what it accepts (the CLI turns the ValueError into exit code 2); every
+verb prints through :func:`new_console`; every verb that writes files checks its
+output folder with :func:`prepare_out_dir` before doing any work.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
 
 from rich.console import Console
 
+from attnlab.checks import QUOTE_LIMIT, check_float, check_window, quote
 
-def parse_int(text: str, name: str, minimum: int = 1) -> int:
-    """An int option >= minimum, or a ValueError naming the option and the range."""
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an int >= {minimum}, got {text!r}") from None
+# Lengths the exact models answer for: closed forms, exact integers, up to 2^40 tokens.
+MAX_TOKENS = 2**40
+CONSOLE_WIDTH = 120
+
+
+def parse_int(text: str, name: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """An int option in [minimum, maximum], or a ValueError naming the option and the range."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        value = _integral(str(text))
+        if value is None:
+            raise ValueError(f"{name} must be an int >= {minimum}, got {quote(text)}")
     if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+        raise ValueError(f"{name} must be an int >= {minimum}, got {quote(value)}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be an int <= {maximum:,}, got {quote(value)}")
     return value
 
 
-def parse_window(text: str) -> tuple[int, int]:
-    """``LEFT,RIGHT`` as flash-attn's window_size (-1 = unbounded)."""
-    parts = text.split(",")
+def _integral(text: str) -> int | None:
+    """'4096', '4_096' or '1e12' as an int (exactly, through Decimal); None if not integral."""
+    text = text.strip().replace("_", "")
+    if len(text) > 64:  # no length worth typing is longer; bounds the Decimal work
+        return None
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        return None
+    if not number.is_finite() or number != number.to_integral_value() or abs(number) > 10**30:
+        return None
+    return int(number)
+
+
+def parse_length(text: str, name: str) -> int:
+    """A sequence length option: an int in [1, 2^40]."""
+    return parse_int(text, name, 1, MAX_TOKENS)
+
+
+def parse_float(text: str | float, name: str, *, minimum: float | None = None,
+                maximum: float | None = None, min_open: bool = False) -> float:
+    """A finite float option within the bounds, or a ValueError naming the option."""
+    allowed = _range_text(minimum, maximum, min_open)
+    try:
+        value = float(text) if isinstance(text, str) else check_float(name, text, finite=False)
+    except ValueError:
+        raise ValueError(f"{name} must be a number{allowed}, got {quote(text)}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number{allowed}, got {quote(text)}")
+    too_low = minimum is not None and (value <= minimum if min_open else value < minimum)
+    if too_low or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be a number{allowed}, got {value:g}")
+    return value
+
+
+def _range_text(minimum, maximum, min_open) -> str:
+    if minimum is not None and maximum is not None:
+        return f" in {'(' if min_open else '['}{minimum:g}, {maximum:g}]"
+    if minimum is not None:
+        return f" {'>' if min_open else '>='} {minimum:g}"
+    return f" <= {maximum:g}" if maximum is not None else ""
+
+
+def parse_float_list(text: str, name: str, **bounds) -> list[float]:
+    """Comma-separated floats; an empty item (``0.1,,0.2``) is an error, not skipped."""
+    items = [item.strip() for item in str(text).split(",")]
+    if any(not item for item in items):
+        raise ValueError(f"{name} must be comma-separated numbers with no empty item, "
+                         f"got {quote(text)}")
+    return [parse_float(item, name, **bounds) for item in items]
+
+
+def parse_int_list(text: str, name: str, minimum: int = 1,
+                   maximum: int | None = None) -> list[int]:
+    """Comma-separated ints; an empty item is an error, not skipped."""
+    items = [item.strip() for item in str(text).split(",")]
+    allowed = f">= {minimum}" + ("" if maximum is None else f" and <= {maximum:,}")
+    if any(not item for item in items):
+        raise ValueError(f"{name} must be comma-separated ints {allowed} with no empty item, "
+                         f"got {quote(text)}")
+    try:
+        return [parse_int(item, name, minimum, maximum) for item in items]
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated ints {allowed}, "
+                         f"got {quote(text)}") from None
+
+
+def parse_window(text: str | None, name: str = "--window") -> tuple[int, int]:
+    """``LEFT,RIGHT`` as flash-attn's window_size (-1 = unbounded); None means (-1, -1)."""
+    if text is None:
+        return (-1, -1)
+    parts = str(text).split(",")
     if len(parts) != 2:
-        raise ValueError(f"--window must be LEFT,RIGHT (ints >= -1, -1 = unbounded), got {text!r}")
-    return (parse_int(parts[0], "--window LEFT", -1), parse_int(parts[1], "--window RIGHT", -1))
+        raise ValueError(f"{name} must be LEFT,RIGHT (ints >= -1, -1 = unbounded), "
+                         f"got {quote(text)}")
+    window = (parse_int(parts[0], f"{name} LEFT", -1, MAX_TOKENS),
+              parse_int(parts[1], f"{name} RIGHT", -1, MAX_TOKENS))
+    return check_window(window, name=name)
 
 
-def new_console(width: int = 120) -> Console:
+def prepare_out_dir(path: str | os.PathLike, name: str = "--out") -> Path:
+    """An output folder that exists (created if missing) and can be written, or a ValueError.
+
+    Refuses before any work is done: an empty path (it would mean the current folder),
+    an existing file, a path under a file, a device such as /dev/null, and a folder
+    that cannot be created or written (/proc/x, read-only mounts).
+    """
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise ValueError(f"{name} must name a folder, got an empty path")
+    folder = Path(text)
+    if folder.exists() and not folder.is_dir():
+        kind = "a file" if folder.is_file() else "not a folder"
+        raise ValueError(f"{name} must be a folder (created if missing); {quote(str(folder))} "
+                         f"is {kind}")
+    for parent in folder.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"{name}: {quote(str(folder))} is under {quote(str(parent))}, "
+                             f"which is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{name}: cannot create {quote(str(folder))}: "
+                         f"{error.strerror or error}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: the folder {quote(str(folder))} is not writable")
+    return folder
+
+
+def new_console(width: int = CONSOLE_WIDTH) -> Console:
+    """The one console every verb prints through (fixed width when not a terminal)."""
     # Looked up at call time so redirected or captured stdout is honoured.
     return Console(file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else width)
 
@@ -48,16 +169,22 @@ def dumps(report: dict) -> str:
     return json.dumps(json_safe(report), indent=2, allow_nan=False)
 
 
-def ranges(numbers: list[int]) -> str:
-    """[1, 2, 3, 5] -> '1-3, 5' (empty -> 'none')."""
-    if not numbers:
-        return "none"
-    spans, start, prev = [], numbers[0], numbers[0]
-    for n in [*numbers[1:], None]:
-        if n is not None and n == prev + 1:
-            prev = n
+def ranges(numbers) -> str:
+    """[1, 2, 3, 5] -> '1-3, 5' (empty -> 'none'); a list of ``range`` objects works too."""
+    spans = []
+    for item in numbers:
+        first, last = (item.start, item.stop - 1) if isinstance(item, range) else (item, item)
+        if isinstance(item, range) and not len(item):
             continue
-        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ", ".join(spans)
+        if spans and first == spans[-1][1] + 1:
+            spans[-1][1] = last
+        else:
+            spans.append([first, last])
+    if not spans:
+        return "none"
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
+__all__ = ["CONSOLE_WIDTH", "MAX_TOKENS", "QUOTE_LIMIT", "dumps", "json_safe", "new_console",
+           "parse_float", "parse_float_list", "parse_int", "parse_int_list", "parse_length",
+           "parse_window", "prepare_out_dir", "ranges"]

@@ -11,15 +11,27 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from attnlab.checks import check_bool, check_int, check_window, quote
+
 # Bytes per element of each storage dtype attnlab knows by name.
 DTYPE_BYTES: dict[str, int] = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
 
 
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of a named dtype; ValueError naming the allowed names."""
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {quote(dtype)}")
     return DTYPE_BYTES[dtype]
+
+
+def format_tokens(tokens: int) -> str:
+    """A token count as the lesson writes lengths: ``2048`` -> ``"2k"``, ``131072`` -> ``"128k"``,
+    ``1000`` -> ``"1,000"`` (plots' tick labels and the explainer page share this one spelling)."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be an int >= 1, got {tokens!r}")
+    if tokens % 1024 == 0:
+        return f"{tokens // 1024}k"
+    return f"{tokens:,}"
 
 
 @dataclass(frozen=True)
@@ -48,27 +60,15 @@ class AttentionShape:
     def __post_init__(self) -> None:
         for name in ("batch", "query_heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim",
                      "block_m", "block_n"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-            if value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=1))
         if self.query_heads % self.kv_heads != 0:
             raise ValueError(
                 f"kv_heads must divide query_heads, got query_heads={self.query_heads}, "
                 f"kv_heads={self.kv_heads}"
             )
         dtype_bytes(self.dtype)
-        if not isinstance(self.causal, bool):
-            raise ValueError(f"causal must be a bool, got {self.causal!r}")
-        if not isinstance(self.window, (tuple, list)):
-            raise ValueError(f"window must be a pair of ints (left, right), got {self.window!r}")
-        window = tuple(self.window)
-        if len(window) != 2 or any(isinstance(w, bool) or not isinstance(w, int) for w in window):
-            raise ValueError(f"window must be a pair of ints (left, right), got {self.window!r}")
-        if any(w < -1 for w in window):
-            raise ValueError(f"window entries must be >= -1 (-1 = unbounded), got {self.window!r}")
-        object.__setattr__(self, "window", window)
+        object.__setattr__(self, "causal", check_bool("causal", self.causal))
+        object.__setattr__(self, "window", check_window(self.window, name="window"))
 
     # ----- derived sizes -------------------------------------------------------
     @property
@@ -108,7 +108,8 @@ class AttentionShape:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise ValueError(f"unknown AttentionShape fields {sorted(unknown)}; known: {sorted(known)}")
+            raise ValueError(f"unknown AttentionShape fields {sorted(map(str, unknown))[:8]}; "
+                             f"known: {sorted(known)}")
         data = dict(data)
         if "window" in data:
             data["window"] = tuple(data["window"])
@@ -120,6 +121,13 @@ class AttentionShape:
             mask += f" window={self.window}"
         return (f"B={self.batch} Hq={self.query_heads} Hkv={self.kv_heads} "
                 f"Nq={self.seqlen_q} Nk={self.seqlen_k} d={self.head_dim} {self.dtype} {mask}")
+
+
+def check_shape(shape: object, name: str = "shape") -> AttentionShape:
+    """``shape`` if it is an :class:`AttentionShape`; TypeError naming the type otherwise."""
+    if not isinstance(shape, AttentionShape):
+        raise TypeError(f"{name} must be an attnlab.AttentionShape, got {type(shape).__name__}")
+    return shape
 
 
 @dataclass(frozen=True)
@@ -168,8 +176,8 @@ PRESETS: dict[str, ModelPreset] = {
 
 
 def preset(name: str) -> ModelPreset:
-    if name not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {quote(name)}")
     return PRESETS[name]
 
 

@@ -14,11 +14,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from attnlab.cli_support import prepare_out_dir
+
 DEMO_ORDER = 40
 DEFAULT_OUT = Path("attnlab-explain")
-# Relative to the working directory: run from the repository root to use the
-# committed records, or pass --results.
-DEFAULT_RESULTS = Path("bench/results")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,11 +28,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "measured records.")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output folder (default: ./{DEFAULT_OUT})")
-    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
-                        help=f"folder of measured records, *.jsonl (default: ./{DEFAULT_RESULTS})")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="folder of measured records, *.jsonl (default: the committed H200 "
+                             "results shipped with attnlab)")
     parser.add_argument("--json", action="store_true",
                         help="print the summary as JSON instead of a table")
     parser.set_defaults(run=run)
+
+
+def results_folder(results: Path | None) -> Path:
+    """``--results`` (must be an existing folder) or the committed H200 results."""
+    from attnlab.measure.records import committed_results
+
+    if results is None:
+        return committed_results()
+    if not results.is_dir():
+        what = "is a file, not a folder" if results.exists() else "does not exist"
+        raise ValueError(f"--results {results} {what}: pass a folder of *.jsonl records "
+                         f"(or leave it out for the committed H200 results)")
+    return results
 
 
 def build_and_write(out_dir: Path, results_dir: Path,
@@ -42,9 +55,7 @@ def build_and_write(out_dir: Path, results_dir: Path,
     from attnlab.explain.data import build_page_data
     from attnlab.explain.page import write_page
 
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out must be a folder (it is created if missing), got the file "
-                         f"{out_dir}")
+    prepare_out_dir(out_dir, "--out")
     data = build_page_data(results_dir)
     path = write_page(out_dir, data, name)
     return path, summarise(path, data)
@@ -83,7 +94,13 @@ def summarise(path: Path, data: dict) -> dict:
              "scope": data["traffic"]["scope_short"]},
             {"section": "4 how much", "value": f"{measured['record_count']} records",
              "scope": measured["summary"]},
-            {"section": "5 amdahl",
+            *({"section": f"4 {block['phase']}", "value": "headline", "scope": block["headline"]}
+              for block in measured["phases"] if block["headline"]),
+            {"section": "5 profiler",
+             "value": (f"{len(data['profiler']['kernel_lists'])} kernel lists, "
+                       f"{len(data['profiler']['workloads'])} profiled workloads"),
+             "scope": "; ".join(data["profiler"]["missing"]) or "Nsight Compute per kernel"},
+            {"section": "6 amdahl",
              "value": (f"f = {amdahl['time_share_stops'][defaults['time_share_index']]['label']}, "
                        f"S = {amdahl['kernel_speedup_stops'][defaults['kernel_speedup_index']]['label']}"),
              "scope": "sliders; layer and end-to-end speedup computed in the page"},
@@ -106,7 +123,7 @@ def print_summary(summary: dict, *, as_json: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _, summary = build_and_write(args.out, args.results)
+    _, summary = build_and_write(args.out, results_folder(args.results))
     print_summary(summary, as_json=args.json)
     return 0
 
@@ -114,5 +131,7 @@ def run(args: argparse.Namespace) -> int:
 def demo(out_dir: Path) -> None:
     """`attnlab demo`: the page, as out_dir/explain.html."""
     print("\n== explain: the interactive page ==")
-    _, summary = build_and_write(out_dir, DEFAULT_RESULTS, "explain.html")
+    from attnlab.measure.records import committed_results
+
+    _, summary = build_and_write(out_dir, committed_results(), "explain.html")
     print_summary(summary, as_json=False)

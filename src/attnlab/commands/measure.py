@@ -22,6 +22,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from attnlab.cli_support import new_console, parse_int_list, parse_window, prepare_out_dir
+
 DEMO_ORDER = 50
 
 DEFAULT_RESULTS = Path("bench") / "results"
@@ -33,19 +35,11 @@ NCU_PROVIDERS = "eager,sdpa_flash,sdpa_cudnn,attnlab"
 NEEDS_CUDA = ("measurements need a CUDA GPU (torch.cuda.is_available() is False here); "
               "committed results are in bench/results/")
 NEEDS_NCU = "needs Nsight Compute's ncu on PATH (or $NCU); not found"
+# Kernel-name tables are wide: one row per kernel with a dozen counters.
+MEASURE_TABLE_WIDTH = 200
 
 
 # ----- argument parsing (values checked here, so bad input is one line and exit 2) -------------
-def _int_list(text: str, name: str, minimum: int = 1) -> list[int]:
-    try:
-        values = [int(item) for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise ValueError(f"{name} must be comma-separated ints >= {minimum}, got {text!r}") from None
-    if not values or any(v < minimum for v in values):
-        raise ValueError(f"{name} must be comma-separated ints >= {minimum}, got {text!r}")
-    return values
-
-
 def _phases(text: str) -> list[str]:
     from attnlab.measure.records import PHASES
 
@@ -54,17 +48,6 @@ def _phases(text: str) -> list[str]:
     if not phases or bad:
         raise ValueError(f"--phase must be comma-separated from {', '.join(PHASES)}, got {text!r}")
     return phases
-
-
-def _window(text: str | None) -> tuple[int, int]:
-    if text is None:
-        return (-1, -1)
-    parts = text.split(",")
-    try:
-        left, right = (int(p) for p in parts)
-    except ValueError:
-        raise ValueError(f"--window must be LEFT,RIGHT (ints >= -1), got {text!r}") from None
-    return left, right
 
 
 def _add_shape_arguments(parser: argparse.ArgumentParser, *, causal_default: bool) -> None:
@@ -93,7 +76,7 @@ def _base_shape(args: argparse.Namespace, *, heads: int | None, seqlen: int = 40
     return model.shape(seqlen, batch=args.batch, causal=args.causal).replace(
         query_heads=query_heads, kv_heads=kv_heads,
         head_dim=args.head_dim or model.head_dim, dtype=args.dtype or model.dtype,
-        window=_window(args.window))
+        window=parse_window(args.window))
 
 
 def _cuda_available() -> bool:
@@ -113,7 +96,7 @@ def _print_json(payload) -> None:
 
 # ----- tables ------------------------------------------------------------------------------------
 def _kernel_summary(names: list[str]) -> str:
-    from attnlab.measure.dispatch import short_name
+    from attnlab.measure.profile import short_name
 
     if not names:
         return "-"
@@ -149,9 +132,7 @@ def records_table(records: list[dict], title: str):
 
 
 def _console():
-    from rich.console import Console
-
-    return Console(width=200)
+    return new_console(MEASURE_TABLE_WIDTH)
 
 
 # ----- bench -------------------------------------------------------------------------------------
@@ -164,6 +145,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.replot:  # plots only read records: no GPU needed
         from attnlab.measure.plots import plot_records
 
+        args.plots = prepare_out_dir(args.plots, "--plots")
+
         written = plot_records(rec.load_records(args.out), args.plots)
         if args.json:
             _print_json({"plots": [str(p) for p in written]})
@@ -172,7 +155,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return 0
     providers = parse_providers(args.providers)
     phases = _phases(args.phase)
-    seqlens = _int_list(args.seqlens, "--seqlens")
+    seqlens = parse_int_list(args.seqlens, "--seqlens")
     base = _base_shape(args, heads=args.heads)
     if args.flush not in FLUSH_MODES:
         raise ValueError(f"--flush must be one of {', '.join(FLUSH_MODES)}, got {args.flush!r}")
@@ -181,6 +164,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if not _cuda_available():
         print(f"attnlab bench: {NEEDS_CUDA}", file=sys.stderr)
         return 2
+    if not args.no_plots:
+        args.plots = prepare_out_dir(args.plots, "--plots")
     env = rec.environment(_command_line("bench"))
     timing = {"flush": args.flush, "cuda_graph": args.cuda_graph, "target_ms": args.target_ms,
               "repeats": args.repeats}
@@ -205,7 +190,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 # ----- kernels -----------------------------------------------------------------------------------
 def run_kernels(args: argparse.Namespace) -> int:
-    from attnlab.measure.dispatch import profile_call, short_name
+    from attnlab.measure.dispatch import profile_call
+    from attnlab.measure.profile import short_name
     from attnlab.measure.providers import ProviderUnavailable, prepare, provider
     from attnlab.measure.sweep import phase_shape
 
@@ -266,7 +252,7 @@ def _ncu_kernel_table(kernels, title: str):
     """One row per kernel; columns ncu reported for no kernel are left out."""
     from rich.table import Table
 
-    from attnlab.measure.dispatch import short_name
+    from attnlab.measure.profile import short_name
 
     def scaled(value, factor):
         return None if value is None else value / factor
@@ -307,43 +293,6 @@ def _ncu_kernel_table(kernels, title: str):
     return table
 
 
-def _comparisons(kernels):
-    from attnlab.measure.cache_model import PREDICTORS
-    from attnlab.measure.compare import compare_case
-    from attnlab.measure.ncu import group_by_case, parse_case_label
-
-    comparisons = []
-    for label, case_kernels in group_by_case(kernels).items():
-        try:
-            provider, _phase, shape = parse_case_label(label)
-        except (ValueError, KeyError, StopIteration):
-            continue  # a foreign label (e.g. the peer anchors'): no shape to predict from
-        if provider in PREDICTORS:
-            comparisons.append(compare_case(provider, shape, case_kernels))
-    return comparisons
-
-
-def _ncu_records(kernels, env: dict) -> list[dict]:
-    from attnlab.measure import records as rec
-    from attnlab.measure.dispatch import short_name
-    from attnlab.measure.ncu import group_by_case, parse_case_label
-
-    out = []
-    for label, case_kernels in group_by_case(kernels).items():
-        provider, phase, shape = parse_case_label(label)
-        for index, k in enumerate(case_kernels):
-            name = f"{index}:{short_name(k.name, 120)}"
-            for metric, unit, value in (("dram_bytes_read", "byte", k.dram_bytes_read),
-                                        ("dram_bytes_write", "byte", k.dram_bytes_write),
-                                        ("duration", "ns", k.duration_ns)):
-                if value is not None:
-                    out.append(rec.make_record(
-                        kernel=name, provider=provider, phase=phase, shape=shape, metric=metric,
-                        unit=unit, p20=value, p50=value, p80=value, repeats=1, env=env,
-                        kernel_names=[k.name]))
-    return out
-
-
 def _print_ncu_results(kernels, comparisons, title: str, as_json: bool) -> None:
     from attnlab.measure.compare import markdown_table
 
@@ -361,6 +310,7 @@ def _print_ncu_results(kernels, comparisons, title: str, as_json: bool) -> None:
 
 def run_ncu_verb(args: argparse.Namespace) -> int:
     from attnlab.measure import ncu as ncu_module
+    from attnlab.measure.compare import compare_cases
     from attnlab.measure.providers import parse_providers
     from attnlab.measure.sweep import phase_shape
 
@@ -369,15 +319,15 @@ def run_ncu_verb(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise ValueError(f"--parse needs an ncu CSV file, got {args.parse!r}")
         kernels = ncu_module.parse_csv(path)
-        _print_ncu_results(kernels, _comparisons(kernels), f"ncu counters from {path}",
+        _print_ncu_results(kernels, compare_cases(kernels), f"ncu counters from {path}",
                            args.json)
         return 0
     providers = parse_providers(args.providers)
     phase = _phases(args.phase)
     if len(phase) != 1:
         raise ValueError(f"--phase takes one phase for `ncu`, got {args.phase!r}")
-    seqlens = _int_list(args.seqlens, "--seqlens")
-    heads = _int_list(args.heads, "--heads")
+    seqlens = parse_int_list(args.seqlens, "--seqlens")
+    heads = parse_int_list(args.heads, "--heads")
     cases = [(p.name, phase[0], phase_shape(_base_shape(args, heads=h), phase[0], n))
              for p, h, n in itertools.product(providers, heads, seqlens)]
     if not _cuda_available():
@@ -388,19 +338,21 @@ def run_ncu_verb(args: argparse.Namespace) -> int:
         print(f"attnlab ncu: {NEEDS_NCU}", file=sys.stderr)
         return 2
     from attnlab.measure import records as rec
-    from attnlab.measure.compare import markdown_table
+    from attnlab.measure.compare import comparison_markdown, ncu_records, predicted_kernel_count
 
-    run = ncu_module.run_ncu(cases, args.out, ncu=ncu, timeout_s=args.timeout)
-    comparisons = _comparisons(run.kernels)
+    args.out = prepare_out_dir(args.out, "--out")
+    run = ncu_module.run_ncu(cases, args.out, ncu=ncu, timeout_s=args.timeout,
+                             kernel_counts=predicted_kernel_count)
+    comparisons = compare_cases(run.kernels)
     env = rec.environment(_command_line("ncu"))
-    rec.upsert_records(args.records, _ncu_records(run.kernels, env))
+    rec.upsert_records(args.records, ncu_records(run.kernels, env))
     out = Path(args.out)
     (out / "ncu_summary.json").write_text(json.dumps(
         {"command": env["command"], "ncu_command": run.command, "metrics": run.metrics,
          "notes": run.notes, "failed_cases": run.failed_cases,
          "kernels": [k.summary() for k in run.kernels],
          "comparisons": [c.as_dict() for c in comparisons]}, indent=1, default=str))
-    (out / "cache_model_vs_ncu.md").write_text(markdown_table(comparisons))
+    (out / "cache_model_vs_ncu.md").write_text(comparison_markdown(comparisons))
     _print_ncu_results(run.kernels, comparisons, f"ncu counters — {rec.describe_environment(env)}",
                        args.json)
     for label, reason in run.failed_cases.items():
@@ -432,10 +384,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--target-ms", type=float, default=100.0,
                        help="timed work per point when --repeats is not given (default 100)")
     bench.add_argument("--flush", default="l2", help="l2 (default), rotate or none")
-    bench.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays")
+    bench.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                       help="time CUDA-graph replays (default: for calls under 0.1 ms only)")
     bench.add_argument("--out", type=Path, default=DEFAULT_BENCH_FILE,
                        help=f"records file, upserted (default {DEFAULT_BENCH_FILE})")
-    bench.add_argument("--plots", type=Path, default=DEFAULT_PLOTS,
+    bench.add_argument("--plots", default=str(DEFAULT_PLOTS),
                        help=f"folder for PNG/SVG plots (default {DEFAULT_PLOTS})")
     bench.add_argument("--no-plots", action="store_true", help="do not write plots")
     bench.add_argument("--replot", action="store_true",
@@ -475,7 +428,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                     "(default 32; KV heads = heads unless "
                                                     "--kv-heads)")
     _add_shape_arguments(ncu, causal_default=False)
-    ncu.add_argument("--out", type=Path, default=DEFAULT_NCU_DIR,
+    ncu.add_argument("--out", default=str(DEFAULT_NCU_DIR),
                      help=f"folder for the raw and parsed CSVs (default {DEFAULT_NCU_DIR})")
     ncu.add_argument("--records", type=Path, default=DEFAULT_NCU_RECORDS,
                      help=f"records file, upserted (default {DEFAULT_NCU_RECORDS})")
@@ -487,9 +440,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 # ----- demo --------------------------------------------------------------------------------------
 def _committed_results() -> Path:
-    from attnlab.measure.records import repository_root
+    from attnlab.measure.records import committed_results
 
-    return repository_root() / DEFAULT_RESULTS
+    return committed_results()
 
 
 def _summarise_committed(console) -> None:

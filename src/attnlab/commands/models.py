@@ -9,13 +9,29 @@ layer of the nominal 8B model at N = 4,096, d = 128, FP16, B_r = 128, B_c = 64).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 from rich.table import Table
 
-from attnlab.cli_support import dumps, new_console, parse_int, parse_window, ranges
+from attnlab.cli_support import (
+    dumps,
+    new_console,
+    parse_float,
+    parse_float_list,
+    parse_int,
+    parse_length,
+    parse_window,
+    ranges,
+)
+from attnlab.report.models import (
+    amdahl_report,
+    ceilings,
+    exercises_report,
+    memory_report,
+    roofline_report,
+    traffic_report,
+)
 
 DEMO_ORDER = 20
 
@@ -28,55 +44,22 @@ DEFAULT_FLOP_SHARE = "0.032"  # "Lesson 2's count", as the lesson quotes it
 DEFAULT_FLOP_SHARE_TOKENS = "2048"
 
 
-# ----- parsing: our own, so a bad value is one line and exit 2 ----------------------------
-
-def _parse_float(text: str, name: str, *, low: float | None = None, high: float | None = None,
-                 low_open: bool = False) -> float:
-    allowed = _range_text(low, high, low_open)
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number {allowed}, got {text!r}") from None
-    if math.isnan(value) or math.isinf(value):
-        raise ValueError(f"{name} must be a finite number {allowed}, got {text!r}")
-    if low is not None and (value <= low if low_open else value < low):
-        raise ValueError(f"{name} must be a number {allowed}, got {value}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be a number {allowed}, got {value}")
-    return value
-
-
-def _range_text(low, high, low_open) -> str:
-    if low is not None and high is not None:
-        return f"in {'(' if low_open else '['}{low:g}, {high:g}]"
-    if low is not None:
-        return f"{'>' if low_open else '>='} {low:g}"
-    return ""
-
-
-def _parse_shares(text: str, name: str) -> list[float]:
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise ValueError(f"{name} must be comma-separated numbers in [0, 1], got {text!r}")
-    return [_parse_float(item, name, low=0.0, high=1.0) for item in items]
-
-
-
+# ----- parsing: cli_support's parsers, so a bad value is one line and exit 2 --------------
 def _shape_and_preset(args: argparse.Namespace, *, causal: bool):
     """The AttentionShape the shape options describe, its preset and its score dtype."""
     from attnlab.shapes import dtype_bytes, preset
 
     model = preset(args.preset)
-    seqlen = parse_int(args.seqlen, "--seqlen")
-    seqlen_q = seqlen if args.seqlen_q is None else parse_int(args.seqlen_q, "--seqlen-q")
-    seqlen_k = seqlen if args.seqlen_k is None else parse_int(args.seqlen_k, "--seqlen-k")
+    seqlen = parse_length(args.seqlen, "--seqlen")
+    seqlen_q = seqlen if args.seqlen_q is None else parse_length(args.seqlen_q, "--seqlen-q")
+    seqlen_k = seqlen if args.seqlen_k is None else parse_length(args.seqlen_k, "--seqlen-k")
     overrides = {}
     for option, field in (("heads", "query_heads"), ("kv_heads", "kv_heads"),
                           ("head_dim", "head_dim"), ("batch", "batch"),
                           ("block_m", "block_m"), ("block_n", "block_n")):
         text = getattr(args, option)
         if text is not None:
-            overrides[field] = parse_int(text, "--" + option.replace("_", "-"))
+            overrides[field] = parse_length(text, "--" + option.replace("_", "-"))
     if "query_heads" in overrides and "kv_heads" not in overrides and model.kv_heads == model.query_heads:
         overrides["kv_heads"] = overrides["query_heads"]  # an MHA preset stays MHA
     if args.dtype is not None:
@@ -102,10 +85,6 @@ def _layers(args: argparse.Namespace, model) -> int:
 
 
 # ----- output helpers --------------------------------------------------------------------
-
-
-
-
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
 
@@ -129,61 +108,6 @@ def _table(*columns: tuple[str, str]) -> Table:
 
 
 # ----- traffic ---------------------------------------------------------------------------
-def traffic_report(shape, *, scope: str = "head", layers: int | None = None,
-                   score_dtype: str | None = None, condition: str = "both",
-                   write_lse: bool = False, pack_gqa: bool = False,
-                   backward: str | None = None, decode_splits: int | None = None,
-                   cross_condition: bool = False) -> dict:
-    """Rows (Traffic.as_dict) and matched ratios for one shape; ``condition`` in
-    {'both', 'unmasked', 'causal'}."""
-    from attnlab.model import traffic
-
-    if condition not in ("both", "unmasked", "causal"):
-        raise ValueError(f"condition must be 'both', 'unmasked' or 'causal', got {condition!r}")
-    kw = {"scope": scope, "layers": layers}
-    unmasked = shape.replace(causal=False, window=(-1, -1))
-    masked = shape.replace(causal=True) if not shape.has_window else shape
-    rows, ratios = [], []
-    if condition in ("both", "unmasked"):
-        naive3 = traffic.naive_traffic(unmasked, score_dtype=score_dtype, **kw)
-        naive4 = traffic.naive_traffic(unmasked, kernels=4, score_dtype=score_dtype, **kw)
-        fused = traffic.fused_forward_traffic(unmasked, write_lse=write_lse, pack_gqa=pack_gqa, **kw)
-        rows += [naive3, naive4, fused]
-        ratios += [traffic.traffic_ratio(naive3, fused), traffic.traffic_ratio(naive4, fused)]
-    if condition in ("both", "causal"):
-        square = masked.seqlen_q == masked.seqlen_k and not masked.has_window
-        naive_c = traffic.naive_causal_traffic(masked, triangle="half" if square else "exact",
-                                               score_dtype=score_dtype, **kw)
-        fused_c = traffic.fused_forward_traffic(masked, write_lse=write_lse, pack_gqa=pack_gqa, **kw)
-        rows += [naive_c, fused_c]
-        ratios.append(traffic.traffic_ratio(naive_c, fused_c))
-    if cross_condition:
-        if condition != "both":
-            raise ValueError("--cross-condition needs both conditions (leave out --causal/--no-causal)")
-        ratios.append(traffic.traffic_ratio(rows[0], rows[-1], cross_condition=True))
-    base = masked if condition == "causal" else unmasked
-    if backward is not None:
-        rows.append(traffic.backward_traffic(base, variant=backward, **kw))
-    if decode_splits is not None:
-        rows.append(traffic.flash_decoding_traffic(base, num_splits=decode_splits,
-                                                   pack_gqa=pack_gqa or shape.group_size > 1, **kw))
-    report = {
-        "model": "logical HBM traffic: cold cache, exact bytes, no sector padding, no L2 reuse",
-        "scope": scope,
-        "scope_label": traffic.SCOPE_LABELS[scope],
-        "shape": shape.as_dict(),
-        "score_dtype": score_dtype or shape.dtype,
-        "rows": [r.as_dict() for r in rows],
-        "ratios": [r.as_dict() for r in ratios],
-    }
-    if shape.group_size > 1:
-        gqa_scope = "kv-group" if scope == "head" else scope
-        report["gqa_kv_bytes"] = {"scope": gqa_scope, "scope_label": traffic.SCOPE_LABELS[gqa_scope],
-                                  "condition": traffic.mask_condition(base),
-                                  **traffic.gqa_kv_bytes(base, scope=gqa_scope, layers=layers)}
-    return report
-
-
 def print_traffic(report: dict) -> None:
     console = new_console(120)
     shape = report["shape"]
@@ -239,22 +163,6 @@ def run_traffic(args: argparse.Namespace) -> int:
 
 
 # ----- memory ----------------------------------------------------------------------------
-def memory_report(shape, *, score_dtype: str | None, layers: int,
-                  heads_in_parallel: int | None = None) -> dict:
-    from attnlab.model import memory
-
-    items = memory.memory_footprint(shape, score_dtype=score_dtype, layers=layers)
-    report = {"shape": shape.as_dict(), "score_dtype": score_dtype or shape.dtype,
-              "layers": layers, "items": [item.as_dict() for item in items]}
-    if heads_in_parallel is not None:
-        report["items"].append({
-            "name": "S + P, transient peak", "scope": "per layer",
-            "bytes": memory.transient_peak_bytes(shape, score_dtype,
-                                                 heads_in_parallel=heads_in_parallel),
-            "assumption": f"{heads_in_parallel} heads in parallel (--heads-in-parallel)"})
-    return report
-
-
 def print_memory(report: dict) -> None:
     console = new_console(120)
     shape = report["shape"]
@@ -283,37 +191,6 @@ def run_memory(args: argparse.Namespace) -> int:
 
 
 # ----- amdahl ----------------------------------------------------------------------------
-def amdahl_report(time_shares: list[float], kernel_speedup: float, flop_share: float,
-                  flop_share_preset: str, flop_share_tokens: int, *,
-                  chain: dict | None = None) -> dict:
-    from attnlab.model import amdahl, flops
-
-    computed_share = flops.attention_flop_share(flop_share_preset, flop_share_tokens)
-    chain = chain or {}
-    rows = amdahl.prefill_chain(**chain)
-    return {
-        "formula": "speedup = 1 / ((1 - f_time) + f_time / S_kernel)",
-        "sensitivity": [r.as_dict() for r in amdahl.sensitivity_table(time_shares, kernel_speedup)],
-        "flop_share_trap": {
-            **amdahl.flop_share_trap(time_shares[0], flop_share, kernel_speedup).as_dict(),
-            "computed_flop_share": {
-                "preset": flop_share_preset, "prompt_tokens": flop_share_tokens,
-                "flop_share": computed_share,
-                "speedup_if_misused": amdahl.amdahl_speedup(computed_share, kernel_speedup)},
-        },
-        "chain": {"inputs": {
-                      "attention_time": chain.get("attention_time", amdahl.EXIT_TASK_ATTENTION_MS),
-                      "prefill_time": chain.get("prefill_time", amdahl.EXIT_TASK_PREFILL_MS),
-                      "outside_prefill_time": chain.get("outside_prefill_time",
-                                                        amdahl.EXIT_TASK_OUTSIDE_PREFILL_MS),
-                      "kernel_speedup": chain.get("kernel_speedup", amdahl.EXIT_TASK_KERNEL_SPEEDUP),
-                      "layers": chain.get("layers", amdahl.EXIT_TASK_LAYERS),
-                      "unit": "ms"},
-                  "assumption": "serial, non-overlapping critical path; identical layers",
-                  "boundaries": [r.as_dict() for r in rows]},
-    }
-
-
 def print_amdahl(report: dict) -> None:
     console = new_console(120)
     console.print(f"Amdahl on a time share: {report['formula']}")
@@ -355,9 +232,9 @@ def print_amdahl(report: dict) -> None:
 def run_amdahl(args: argparse.Namespace) -> int:
     from attnlab.shapes import preset
 
-    shares = _parse_shares(args.time_share, "--time-share")
-    speedup = _parse_float(args.speedup, "--speedup", low=0.0, low_open=True)
-    flop_share = _parse_float(args.flop_share, "--flop-share", low=0.0, high=1.0)
+    shares = parse_float_list(args.time_share, "--time-share", minimum=0.0, maximum=1.0)
+    speedup = parse_float(args.speedup, "--speedup", minimum=0.0, min_open=True)
+    flop_share = parse_float(args.flop_share, "--flop-share", minimum=0.0, maximum=1.0)
     preset(args.preset)
     tokens = parse_int(args.prompt_tokens, "--prompt-tokens")
     chain = {}
@@ -365,10 +242,10 @@ def run_amdahl(args: argparse.Namespace) -> int:
                         ("outside_ms", "outside_prefill_time")):
         text = getattr(args, option)
         if text is not None:
-            chain[key] = _parse_float(text, "--" + option.replace("_", "-"), low=0.0)
+            chain[key] = parse_float(text, "--" + option.replace("_", "-"), minimum=0.0)
     if args.chain_speedup is not None:
-        chain["kernel_speedup"] = _parse_float(args.chain_speedup, "--chain-speedup", low=0.0,
-                                               low_open=True)
+        chain["kernel_speedup"] = parse_float(args.chain_speedup, "--chain-speedup",
+                                              minimum=0.0, min_open=True)
     if args.layers is not None:
         chain["layers"] = parse_int(args.layers, "--layers")
     report = amdahl_report(shares, speedup, flop_share, args.preset, tokens, chain=chain)
@@ -378,56 +255,13 @@ def run_amdahl(args: argparse.Namespace) -> int:
 
 # ----- roofline --------------------------------------------------------------------------
 def _ceilings(args: argparse.Namespace):
-    from attnlab.model import hardware
-
-    tflops = (None if args.measured_tflops is None else
-              _parse_float(args.measured_tflops, "--measured-tflops", low=0.0, low_open=True))
-    tbps = (None if args.measured_tbps is None else
-            _parse_float(args.measured_tbps, "--measured-tbps", low=0.0, low_open=True))
-    if args.peaks_file is not None:
-        if tflops is not None or tbps is not None:
-            raise ValueError("--peaks-file and --measured-tflops/--measured-tbps exclude each other")
-        path = Path(args.peaks_file)
-        if not path.is_file():
-            raise ValueError(f"--peaks-file must be a JSONL file of peak records, {path} is not a file")
-        records = []
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    raise ValueError(f"--peaks-file line {number} is not JSON") from None
-        return hardware.ceilings_from_records(args.gpu, records)
-    if tflops is not None or tbps is not None:
-        return hardware.measured_ceilings(args.gpu, dense_tflops=tflops, hbm_tbps=tbps)
-    return hardware.gpu(args.gpu)
-
-
-def roofline_report(shape, gpu, *, scope: str = "head", layers: int | None = None,
-                    score_dtype: str | None = None) -> dict:
-    from attnlab.model import flops, hardware, traffic
-
-    kw = {"scope": scope, "layers": layers}
-    if shape.causal or shape.has_window:
-        square = shape.seqlen_q == shape.seqlen_k and not shape.has_window
-        records = [traffic.naive_causal_traffic(shape, triangle="half" if square else "exact",
-                                                score_dtype=score_dtype, **kw)]
-    else:
-        records = [traffic.naive_traffic(shape, kernels=4, score_dtype=score_dtype, **kw),
-                   traffic.naive_traffic(shape, score_dtype=score_dtype, **kw)]
-    records.append(traffic.fused_forward_traffic(shape, **kw))
-    kernels = []
-    for record in records:
-        for row in flops.kernel_intensities(record):
-            intensity = row["flop_per_byte"]
-            kernels.append({"algorithm": record.variant, **row, "bound": gpu.bound(intensity),
-                            "attainable_tflops": gpu.attainable_tflops(intensity),
-                            "min_time_us": gpu.min_time_s(row["flops"], row["bytes"]) * 1e6})
-    return {"gpu": gpu.as_dict(), "scope": scope, "scope_label": traffic.SCOPE_LABELS[scope],
-            "shape": shape.as_dict(), "kernels": kernels,
-            "flops_note": "useful FLOPs (matmuls 2*d per score each, softmax ~4 per score, scale 1) "
-                          "over logical bytes",
-            "datasheet_ridge_points": {name: g.ridge_point for name, g in hardware.GPUS.items()}}
+    return ceilings(
+        args.gpu,
+        measured_tflops=None if args.measured_tflops is None else parse_float(
+            args.measured_tflops, "--measured-tflops", minimum=0.0, min_open=True),
+        measured_tbps=None if args.measured_tbps is None else parse_float(
+            args.measured_tbps, "--measured-tbps", minimum=0.0, min_open=True),
+        peaks_file=args.peaks_file)
 
 
 def print_roofline(report: dict) -> None:
@@ -469,63 +303,6 @@ def run_roofline(args: argparse.Namespace) -> int:
 
 
 # ----- exercises -------------------------------------------------------------------------
-def exercises_report() -> dict:
-    """The lesson's four exercises, every answer computed by the library."""
-    from attnlab.model import amdahl, mask, traffic
-    from attnlab.reference import online_softmax_walk, tile_plan
-    from attnlab.shapes import LESSON_SHAPE
-
-    # 1. traffic, one head, unmasked
-    head = LESSON_SHAPE.replace(causal=False)
-    naive = traffic.naive_traffic(head)
-    fused = traffic.fused_forward_traffic(head)
-    ratio = traffic.traffic_ratio(naive, fused)
-    one = {"question": "one head, N=4096, d=128, FP16: naive 3-kernel vs FA-2 unmasked",
-           "scope": traffic.SCOPE_LABELS["head"],
-           "naive": naive.as_dict(), "fused": fused.as_dict(), "ratio": ratio.as_dict()}
-
-    # 2. the two-tile online softmax trace (the reference's walk)
-    walk = online_softmax_walk([8.0, 6.0, 10.0, 7.0], [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0],
-                                                       [7.0, 8.0]], 2)
-    two = {"question": "FA-2 accumulator for one row over two tiles",
-           "steps": [{"tile": step.tile + 1, "m_old": step.m_old, "m_new": step.m_new,
-                      "alpha": step.alpha, "weights": list(step.weights), "l": step.l,
-                      "a": list(step.a)} for step in walk.steps],
-           "output": list(walk.output), "full_row_softmax_output": list(walk.softmax_output),
-           "max_abs_difference": walk.max_abs_difference, "matches": walk.matches()}
-
-    # 3. Amdahl with a profiled time share vs the FLOP share
-    trap = amdahl.flop_share_trap(0.22, amdahl.LESSON_FLOP_SHARE, 2.8)
-    three = {"question": "attention 22% of prefill time, kernel 2.8x; and with the 3.2% FLOP share",
-             **trap.as_dict(),
-             "time_share_reduction": amdahl.latency_reduction(0.22, 2.8),
-             "flop_share_reduction": amdahl.latency_reduction(amdahl.LESSON_FLOP_SHARE, 2.8),
-             "flop_share_at_lesson_speedup_3_5": amdahl.amdahl_speedup(amdahl.LESSON_FLOP_SHARE, 3.5),
-             "capacity_plan": "the time-share projection; it is one profile at one prompt length"}
-
-    # 4. causal tile plan of query tile 5 (1-based), cross-checked with attnlab.model.mask
-    causal = LESSON_SHAPE.replace(causal=True)
-    plan = tile_plan(causal).query_tile(4)
-    ours = mask.query_tile(causal, 4)
-    if list(plan.loaded) != list(ours.loaded) or list(plan.masked) != list(ours.masked_tiles):
-        raise RuntimeError("tile_plan and attnlab.model.mask disagree on query tile 5")
-    first_row = 4 * causal.block_m  # 0-based row 512 = row 513, upper half of the block
-    seen_first, seen_stop = mask.key_interval(causal, first_row)
-    loaded_stop = min(causal.seqlen_k, ours.kv_stop * causal.block_n)
-    four = {"question": "causal, B_r=128, B_c=64, N=4096: KV tiles of query tile i=5",
-            "numbering": "1-based, as the lesson",
-            "rows": [first_row + 1, first_row + ours.rows],
-            "loaded": [j + 1 for j in plan.loaded],
-            "masked": [j + 1 for j in plan.masked],
-            "full": [j + 1 for j in plan.full],
-            "example_row": first_row + 1,
-            "example_row_sees_keys": [seen_first + 1, seen_stop],
-            "future_keys_loaded_for_example_row": loaded_stop - seen_stop,
-            "without_the_mask": "those future keys enter the running max and sum: the row "
-                                "averages over tokens after it, and nothing raises an error"}
-    return {"exercises": [one, two, three, four]}
-
-
 def print_exercises(report: dict) -> None:
     console = new_console(120)
     one, two, three, four = report["exercises"]

@@ -15,7 +15,16 @@ from pathlib import Path
 
 from rich.table import Table
 
-from attnlab.cli_support import dumps, new_console, parse_int, parse_window, ranges
+from attnlab.checks import quote
+from attnlab.cli_support import (
+    dumps,
+    new_console,
+    parse_int,
+    parse_length,
+    parse_window,
+    ranges,
+)
+from attnlab.report.algorithm import tiles_report, trace_report, verify_report
 
 DEMO_ORDER = 10
 
@@ -36,20 +45,22 @@ VERIFY_SEQLEN = "22"
 VERIFY_HEAD_DIM = "8"
 VERIFY_BLOCK_M = "8"
 VERIFY_BLOCK_N = "4"
-EQUAL_TOLERANCE = 1e-10  # float64: tiled and direct differ by rounding only (~1e-16)
-DIFFERENT_THRESHOLD = 1e-6  # a dropped mask moves outputs by O(1) on random inputs
 
 
 # ----- argument parsing: our own, so that a bad value is one line and exit 2 -----------
 
 def _parse_floats(text: str, name: str) -> list[float]:
+    """Comma-separated numbers; -inf is a hidden key's score, NaN is never a number here."""
     items = [item.strip() for item in text.split(",")]
+    if any(not item for item in items):
+        raise ValueError(f"{name} must be comma-separated numbers with no empty item, "
+                         f"got {quote(text)}")
     try:
         values = [float(item) for item in items]
     except ValueError:
-        raise ValueError(f"{name} must be comma-separated numbers, got {text!r}") from None
+        raise ValueError(f"{name} must be comma-separated numbers, got {quote(text)}") from None
     if any(math.isnan(v) for v in values):
-        raise ValueError(f"{name} must not contain nan, got {text!r}")
+        raise ValueError(f"{name} must not contain nan, got {quote(text)}")
     return values
 
 
@@ -75,29 +86,6 @@ def _fmt_vector(xs) -> str:
 
 
 # ----- trace -----------------------------------------------------------------------
-def trace_report(scores: list[float], values: list[list[float]], tile: int) -> dict:
-    from attnlab.reference import online_softmax_walk
-
-    walk = online_softmax_walk(scores, values, tile)
-    return {
-        "scope": "one query row",
-        "scores": scores,
-        "values": values,
-        "tile": tile,
-        "steps": [
-            {"tile": step.tile + 1, "scores": list(step.scores), "m_old": step.m_old,
-             "m_new": step.m_new, "alpha": step.alpha, "weights": list(step.weights),
-             "l": step.l, "a": list(step.a)}
-            for step in walk.steps
-        ],
-        "output": list(walk.output),
-        "full_row_softmax": {"weights": list(walk.softmax_weights),
-                             "output": list(walk.softmax_output)},
-        "max_abs_difference": walk.max_abs_difference,
-        "matches": walk.matches(),
-    }
-
-
 def print_trace(report: dict) -> None:
     console = new_console(110)
     console.print(f"Online softmax over one query row, {report['tile']} key(s) per tile; "
@@ -134,51 +122,6 @@ def run_trace(args: argparse.Namespace) -> int:
 
 
 # ----- tiles -----------------------------------------------------------------------
-def tiles_report(shape, query_tile: int) -> dict:
-    """The plan of one query tile (``query_tile`` 1-based) plus whole-plan totals."""
-    from attnlab.reference import FULL, MASKED, SKIPPED, tile_plan
-
-    plan = tile_plan(shape)
-    if not 1 <= query_tile <= len(plan.query_tiles):
-        raise ValueError(f"--query-tile must be in 1..{len(plan.query_tiles)} for this shape, "
-                         f"got {query_tile}")
-    index = query_tile - 1
-    tile = plan.query_tile(index)
-    kv_tiles = []
-    for j in tile.loaded:
-        cols = plan.key_rows(j)
-        kv_tiles.append({
-            "kv_tile": j + 1,
-            "columns": [cols.start + 1, cols.stop],
-            "class": tile.tile_classes[j],
-            "row_segments": [
-                {"rows": [seg.first_row + 1, seg.last_row + 1], "visibility": seg.visibility}
-                for seg in plan.row_segments(index, j)
-            ],
-        })
-    return {
-        "numbering": "1-based (tiles, rows, columns), as the lesson",
-        "shape": shape.as_dict(),
-        "query_tile": query_tile,
-        "rows": [tile.rows.start + 1, tile.rows.stop],
-        "kv_tiles_total": plan.kv_tiles,
-        "loaded": [j + 1 for j in tile.loaded],
-        "full": [j + 1 for j in tile.full],
-        "masked": [j + 1 for j in tile.masked],
-        "skipped": [j + 1 for j in tile.skipped],
-        "loaded_kv_rows": plan.loaded_kv_rows(index),
-        "loaded_tiles": kv_tiles,
-        "whole_plan": {
-            "query_tiles": len(plan.query_tiles),
-            "tile_pairs": len(plan.query_tiles) * plan.kv_tiles,
-            "loaded_full": plan.count(FULL),
-            "loaded_masked": plan.count(MASKED),
-            "skipped": plan.count(SKIPPED),
-            "visible_score_pairs_per_head": plan.visible_pairs(),
-        },
-    }
-
-
 def print_tiles(report: dict) -> None:
     console = new_console(110)
     shape = report["shape"]
@@ -192,18 +135,24 @@ def print_tiles(report: dict) -> None:
     table = Table()
     for column in ("KV tile", "columns", "class", "query rows by visibility of this tile"):
         table.add_column(column, justify="left")
-    for tile in report["loaded_tiles"]:
+    half = len(report["loaded_tiles"]) // 2
+    for position, tile in enumerate(report["loaded_tiles"]):
+        if report["loaded_tiles_omitted"] and position == half:
+            table.add_row("...", "", "", f"{report['loaded_tiles_omitted']:,} loaded tiles "
+                                         "not shown")
         segments = "; ".join(f"{s['rows'][0]}-{s['rows'][1]} {s['visibility']}"
                              for s in tile["row_segments"])
         cols = tile["columns"]
         table.add_row(str(tile["kv_tile"]), f"{cols[0]}-{cols[1]}", tile["class"], segments)
     console.print(table)
     whole = report["whole_plan"]
-    console.print(f"loads KV tiles {ranges(report['loaded'])} "
-                  f"({len(report['loaded'])} of {report['kv_tiles_total']}, "
+    runs = {name: ranges(range(a, b + 1) for a, b in spans)
+            for name, spans in report["runs"].items()}
+    console.print(f"loads KV tiles {runs['loaded']} "
+                  f"({report['loaded_count']:,} of {report['kv_tiles_total']:,}, "
                   f"{report['loaded_kv_rows']:,} key rows, this query tile); "
-                  f"element mask on {ranges(report['masked'])}; "
-                  f"skipped {ranges(report['skipped'])}")
+                  f"element mask on {runs['masked']}; "
+                  f"skipped {runs['skipped']}")
     console.print(f"whole plan, one head: {whole['query_tiles']} query tiles x "
                   f"{report['kv_tiles_total']} KV tiles = {whole['tile_pairs']} pairs: "
                   f"{whole['loaded_full']} full, {whole['loaded_masked']} masked, "
@@ -214,18 +163,18 @@ def print_tiles(report: dict) -> None:
 def _tiles_shape(args: argparse.Namespace):
     from attnlab.shapes import AttentionShape
 
-    seqlen = parse_int(args.seqlen, "--seqlen", 1)
-    seqlen_q = seqlen if args.seqlen_q is None else parse_int(args.seqlen_q, "--seqlen-q", 1)
-    seqlen_k = seqlen if args.seqlen_k is None else parse_int(args.seqlen_k, "--seqlen-k", 1)
+    seqlen = parse_length(args.seqlen, "--seqlen")
+    seqlen_q = seqlen if args.seqlen_q is None else parse_length(args.seqlen_q, "--seqlen-q")
+    seqlen_k = seqlen if args.seqlen_k is None else parse_length(args.seqlen_k, "--seqlen-k")
     return AttentionShape(seqlen_q=seqlen_q, seqlen_k=seqlen_k, causal=args.causal,
                           window=parse_window(args.window),
-                          block_m=parse_int(args.block_m, "--block-m", 1),
-                          block_n=parse_int(args.block_n, "--block-n", 1))
+                          block_m=parse_length(args.block_m, "--block-m"),
+                          block_n=parse_length(args.block_n, "--block-n"))
 
 
 def run_tiles(args: argparse.Namespace) -> int:
     shape = _tiles_shape(args)
-    report = tiles_report(shape, parse_int(args.query_tile, "--query-tile", 1))
+    report = tiles_report(shape, parse_length(args.query_tile, "--query-tile"))
     if args.json:
         print(dumps(report))
     else:
@@ -234,43 +183,6 @@ def run_tiles(args: argparse.Namespace) -> int:
 
 
 # ----- verify ----------------------------------------------------------------------
-def verify_report(seqlen_q: int, seqlen_k: int, head_dim: int, block_m: int, block_n: int,
-                  seed: int) -> dict:
-    import torch
-
-    from attnlab.reference import MASKED, naive, tile_plan, tiled
-    from attnlab.shapes import AttentionShape
-
-    shape = AttentionShape(seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
-                           dtype="fp64", causal=True, block_m=block_m, block_n=block_n)
-    generator = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, 1, n, head_dim, generator=generator, dtype=torch.float64)
-               for n in (seqlen_q, seqlen_k, seqlen_k))
-    direct = naive(q, k, v, causal=True)
-    with_mask, _ = tiled(q, k, v, causal=True, block_m=block_m, block_n=block_n)
-    without_mask, _ = tiled(q, k, v, causal=True, block_m=block_m, block_n=block_n,
-                            apply_element_mask=False)
-    masked_difference = (with_mask - direct).abs().amax(dim=-1)[0, 0]  # per query row
-    unmasked_difference = (without_mask - direct).abs().amax(dim=-1)[0, 0]
-    tiled_equals_direct = bool(masked_difference.max() <= EQUAL_TOLERANCE)
-    unmasked_differs = bool(unmasked_difference.max() > DIFFERENT_THRESHOLD)
-    plan = tile_plan(shape)
-    return {
-        "scope": "one head, float64, random normal q, k, v",
-        "shape": shape.as_dict(),
-        "seed": seed,
-        "masked_tile_pairs": plan.count(MASKED),
-        "tiled_vs_direct_max_abs_difference": float(masked_difference.max()),
-        "tiled_equals_direct": tiled_equals_direct,
-        "equal_tolerance": EQUAL_TOLERANCE,
-        "no_mask_vs_direct_max_abs_difference": float(unmasked_difference.max()),
-        "no_mask_rows_wrong": int((unmasked_difference > DIFFERENT_THRESHOLD).sum()),
-        "no_mask_differs": unmasked_differs,
-        "different_threshold": DIFFERENT_THRESHOLD,
-        "passed": tiled_equals_direct and unmasked_differs,
-    }
-
-
 def print_verify(report: dict) -> None:
     console = new_console(110)
     shape = report["shape"]
@@ -307,7 +219,7 @@ def run_verify(args: argparse.Namespace) -> int:
                            head_dim=parse_int(args.head_dim, "--head-dim", 1),
                            block_m=parse_int(args.block_m, "--block-m", 1),
                            block_n=parse_int(args.block_n, "--block-n", 1),
-                           seed=parse_int(args.seed, "--seed", 0))
+                           seed=parse_int(args.seed, "--seed", 0, 2**63 - 1))
     if args.json:
         print(dumps(report))
     else:

@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from attnlab.cli_support import new_console, prepare_out_dir
+
 DEMO_ORDER = 30
 DEMO_FOLDER = "report"
 
@@ -33,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "for the workload's shape")
     parser.add_argument("--kernel-speedup", type=float, metavar="S",
                         help="kernel speedup to project instead of the file's")
-    parser.add_argument("--out", type=Path, metavar="DIR",
+    parser.add_argument("--out", metavar="DIR",
                         help="write report.html, report.md, report.json, waterfall.svg, "
                              "workload.yaml here")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -45,50 +47,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def build(args: argparse.Namespace) -> dict:
     """The report dict for the parsed arguments (no printing)."""
-    from attnlab.report import attribution, records
-    from attnlab.report.trace import summarize_trace
-    from attnlab.report.workload import default_workload, load_workload
+    from attnlab.report.assemble import assemble_report
 
-    if args.measure:
-        if args.file or args.trace or args.records or args.kernel_speedup is not None:
-            raise ValueError("--measure builds its own workload; drop FILE, --trace, --records "
-                             "and --kernel-speedup")
-        from attnlab.measure import end_to_end as measure
-
-        measure.require_cuda()
-        trace_dir = args.out if args.out else Path("attnlab-measure")
-        result = measure.run_measurement(trace_dir=trace_dir)
-        workload = measure.measurement_workload(result)
-        trace = attribution_trace(result)
-        return attribution.build_report(workload, trace=trace, measurement=result)
-
-    if args.records is not None and args.kernel_speedup is not None:
-        raise ValueError("--records and --kernel-speedup both give the kernel speedup; pass one")
-    workload = load_workload(args.file) if args.file else default_workload()
-    trace = found = None
-    if args.trace is not None:
-        trace = summarize_trace(args.trace, patterns=workload.trace_patterns)
-        workload = attribution.with_trace(workload, trace)
-    if args.records is not None:
-        found = records.kernel_speedup_from_records(records.load(args.records), workload)
-        workload = attribution.with_kernel_speedup(workload, found["kernel_speedup"],
-                                                   records.speedup_source(found))
-    if args.kernel_speedup is not None:
-        workload = attribution.with_kernel_speedup(workload, args.kernel_speedup,
-                                                   "given on the command line (--kernel-speedup)")
-    return attribution.build_report(workload, trace=trace, records=found)
-
-
-def attribution_trace(measurement: dict):
-    """The eager trace summary of a --measure run, rebuilt for the report's trace section."""
-    from attnlab.report.trace import summarize_trace
-
-    return summarize_trace(measurement["trace_files"][0])
+    return assemble_report(args.file, trace_file=args.trace, records_path=args.records,
+                           kernel_speedup=args.kernel_speedup, measure=args.measure,
+                           trace_dir=args.out)
 
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.report.render import render_json, write_report
 
+    if args.out is not None:  # checked before any work: '' or a file is refused, not reused
+        args.out = prepare_out_dir(args.out, "--out")
     report = build(args)
     for warning in report["warnings"]:
         print(f"attnlab report: warning: {warning}", file=sys.stderr)
@@ -105,12 +75,11 @@ def run(args: argparse.Namespace) -> int:
 
 def print_summary(report: dict) -> None:
     """The report's numbers as readable tables on stdout."""
-    from rich.console import Console
     from rich.table import Table
 
     from attnlab.report.render import ms, narrative, pct, speedup, times
 
-    console = Console(highlight=False, width=max(100, Console().width))
+    console = new_console(100)
     console.print(f"[bold]{report['title']}[/bold]  (input: {report['origin']})")
     segments = Table(title="Trace timings (this trace, serial critical path)", title_justify="left")
     for column, justify in (("segment", "left"), ("source", "left"), ("ms", "right"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import attnlab
-from attnlab.explain import measured
+from attnlab.explain import measured, profile
 from attnlab.explain.units import (
     format_bytes,
     format_exact_bytes,
@@ -76,13 +76,18 @@ def build_page_data(results_dir: Path | str | None = None) -> dict:
     ``results_dir``: where measured records live (``bench/results`` by convention);
     ``None`` means no measured data, and the page's "How much" section says so.
     """
+    folder = None if results_dir is None else Path(results_dir)
+    ncu = profile.ncu_cases(folder) if folder is not None and folder.is_dir() else None
+    measured_data = measured.measured_section(folder, ncu)
+    colours = {p["name"]: p["colour"] for p in measured_data["providers"]}
     return {
         "attnlab_version": attnlab.__version__,
         "memory": memory_section(),
         "online_walk": online_walk_section(),
         "block_walk": block_walk_section(),
         "traffic": traffic_section(),
-        "measured": measured.measured_section(results_dir),
+        "measured": measured_data,
+        "profiler": profile.profiler_section(folder, colours, ncu),
         "amdahl": amdahl_section(),
     }
 

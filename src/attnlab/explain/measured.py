@@ -1,42 +1,49 @@
-"""The page's "How much" section: measured latency and bytes, read from result records.
+"""The page's "How much" section: measured latency, throughput and bytes, from records.
 
-Records are the JSONL lines ``attnlab.measure`` writes under ``bench/results/``;
-DRAM bytes come from the Nsight Compute CSVs saved beside them, set against the
-models by ``attnlab.measure.compare``.  This module only groups and labels; it
+Records are the JSONL lines ``attnlab.measure`` writes under ``bench/results/``
+(read through :mod:`attnlab.measure.records`); DRAM bytes come from the Nsight Compute
+CSVs saved beside them, set against the models by ``attnlab.measure.compare``.  The
+grouping into workloads and the provider palette are :mod:`attnlab.measure.plots`'s, so
+the page and the PNGs agree.  This module only groups, labels and writes sentences; it
 never measures and never fills a gap: no records means the section says so.
 """
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
+import re
 from pathlib import Path
 
-from attnlab.explain.units import format_bytes, format_ratio, format_tokens
-from attnlab.shapes import AttentionShape
+from attnlab.explain.units import format_bytes, format_ms, format_ratio, format_tokens
+from attnlab.measure import plots
+from attnlab.measure.records import load_records
 
-PHASES = ("prefill", "decode")
+# Phases in reading order; a phase the records add later is appended after these.
+PHASE_ORDER = ("prefill", "fwdbwd", "decode")
 PHASE_TITLES = {
     "prefill": "Prefill: forward latency vs sequence length",
+    "fwdbwd": "Training: forward + backward vs sequence length",
     "decode": "Decode: one new token vs KV-cache length",
 }
-X_TITLES = {"prefill": "sequence length (tokens, log scale)",
-            "decode": "KV-cache length (tokens, log scale)"}
-# A latency is any record timed in one of these units (attnlab.measure writes
-# metric "latency", unit "ms"); the page plots milliseconds.
-MS_PER_UNIT = {"ms": 1.0, "us": 1e-3, "s": 1e3}
-LATENCY_METRIC = "latency"
-SKIPPED_METRIC = "skipped"
+X_TITLES = {"decode": "KV-cache length (tokens, log scale)"}
+DEFAULT_X_TITLE = "sequence length (tokens, log scale)"
+ROOF_NAMES = {"tflops": "the measured matrix roof", "tbps": "the measured copy ceiling"}
+# The peers a headline sentence names, when measured at its length: the eager
+# baseline and the two fused SDPA backends.
+HEADLINE_PEERS = ("eager", "sdpa_cudnn", "sdpa_flash")
+# The length a prefill headline quotes when measured (the post's 4k); decode quotes the
+# longest cache, where the split-KV question matters most.
+HEADLINE_LENGTH = 4096
+# Within this of measured, the cache-aware model counts as right (attnlab.measure.compare).
+BYTES_GOAL = 0.15
 
 
-def _load(results_dir: Path) -> list[dict]:
-    from attnlab.measure.records import load_records
+def measured_section(results_dir: Path | str | None,
+                     ncu: tuple[list[dict], list[str]] | None = None) -> dict:
+    """Charts, headlines and the bytes chart from the records in ``results_dir``.
 
-    return load_records(results_dir)
-
-
-def measured_section(results_dir: Path | str | None) -> dict:
-    """Charts and the bytes table from the records in ``results_dir`` (or why there are none)."""
+    ``ncu``: the folder's parsed Nsight Compute cases and notes
+    (:func:`attnlab.explain.profile.ncu_cases`), when the caller already has them.
+    """
     if results_dir is None:
         return _empty("none", "no results folder was given, so there is no measured data "
                               "on this page")
@@ -44,232 +51,267 @@ def measured_section(results_dir: Path | str | None) -> dict:
     if not folder.is_dir():
         return _empty(str(folder), f"no measured records: the folder {folder} does not exist. "
                                    "Run the benchmarks on a GPU (bench/) to fill this section.")
-    records = _load(folder)
+    records = load_records(folder)
     if not records and not any(folder.rglob("*.csv")):
         return _empty(str(folder), f"no measured records: {folder} holds no *.jsonl records. "
                                    "Run the benchmarks on a GPU (bench/) to fill this section.")
-    charts = {phase: latency_charts(records, phase) for phase in PHASES}
-    bytes_rows, bytes_notes = bytes_table(folder)
+    providers = sorted({r["provider"] for r in records if r["provider"] != plots.CEILING_PROVIDER},
+                       key=plots.provider_rank)
+    from attnlab.explain.profile import ncu_cases
+
+    cases, ncu_notes = ncu if ncu is not None else ncu_cases(folder)
+    providers += sorted({c["provider"] for c in cases} - set(providers), key=plots.provider_rank)
+    colours = plots.provider_colours(providers)
+    phases = [phase_block(records, phase, colours) for phase in _phases(records)]
+    bytes_chart = bytes_section(cases, ncu_notes, colours, folder)
     gpus = sorted({str(r.get("gpu")) for r in records})
-    latency_count = sum(len(series["points"]) for phase in PHASES for chart in charts[phase]
-                        for series in chart["series"])
+    latency_count = sum(len(s["points"]) for block in phases for chart in block["charts"]
+                        for s in chart["series"])
     summary = (f"{len(records)} records on {', '.join(gpus) or 'no GPU'}; {latency_count} "
-               f"latency points, {len(bytes_rows)} profiled cases with DRAM bytes")
+               f"latency points, {len(bytes_chart['points'])} profiled cases with DRAM bytes")
     return {
         "source": str(folder),
         "record_count": len(records),
         "summary": summary,
         "has_latency": latency_count > 0,
-        "empty_message": (f"{folder} holds {len(records)} records but none is a timed "
-                          f"prefill or decode call (unit one of {sorted(MS_PER_UNIT)})."),
-        "phase_titles": dict(PHASE_TITLES),
-        "charts": charts,
-        "bytes_headers": ["provider", "phase", "shape", "kernels", "measured DRAM",
-                          "cache-aware model (error)", "logical model (\u00d7 measured)"],
-        "bytes_caption": ("Whole call, all heads and batch. Measured: Nsight Compute "
-                          "dram__bytes_read.sum + dram__bytes_write.sum. Cache-aware: "
-                          "attnlab.measure.cache_model (H200 L2). Logical: "
-                          "attnlab.model.traffic, cold cache; fused kernels come in far below "
-                          "it because L2 serves most K/V re-reads."
-                          + (f" Left out: {'; '.join(bytes_notes)}." if bytes_notes else "")),
-        "bytes_table": bytes_rows,
-        "bytes_empty_message": (f"No Nsight Compute CSV of an attnlab case under {folder}"
-                                + (f" ({'; '.join(bytes_notes)})" if bytes_notes else "")
-                                + "; the logical prediction is in section 3."),
+        "empty_message": (f"{folder} holds {len(records)} records but none is a timed call "
+                          f"(metric latency, unit one of {sorted(plots.MS_PER_UNIT)})."),
+        "providers": [{"name": p, "label": plots.provider_label(p), "colour": colours[p],
+                       "ours": plots.is_ours(p)} for p in providers],
+        "default_visible": plots.DEFAULT_VISIBLE,
+        "phases": phases,
+        "bytes": bytes_chart,
     }
 
 
 def _empty(source: str, message: str) -> dict:
+    text = message[0].upper() + message[1:]
     return {
-        "source": source,
-        "record_count": 0,
-        "summary": message,
-        "has_latency": False,
-        "empty_message": message[0].upper() + message[1:],
-        "phase_titles": dict(PHASE_TITLES),
-        "charts": {phase: [] for phase in PHASES},
-        "bytes_headers": [],
-        "bytes_caption": "",
-        "bytes_table": [],
-        "bytes_empty_message": message[0].upper() + message[1:],
+        "source": source, "record_count": 0, "summary": message, "has_latency": False,
+        "empty_message": text, "providers": [], "default_visible": plots.DEFAULT_VISIBLE,
+        "phases": [],
+        "bytes": {"points": [], "table": [], "headers": [], "caption": "", "headline": "",
+                  "empty_message": text},
     }
 
 
-def _shape(record: dict) -> AttentionShape:
-    return AttentionShape.from_dict(record["shape"])
+def _phases(records: list[dict]) -> list[str]:
+    present = {r["phase"] for r in records if plots.is_latency(r)}
+    return [p for p in PHASE_ORDER if p in present] + sorted(present - set(PHASE_ORDER))
 
 
-def _family_key(record: dict, shape: AttentionShape) -> tuple:
-    """Everything but the swept length: the records one chart can hold."""
-    fixed = shape.as_dict()
-    for swept in ("seqlen_q", "seqlen_k", "block_m", "block_n"):
-        fixed.pop(swept)
-    if record["phase"] == "decode":
-        fixed["seqlen_q"] = shape.seqlen_q
-    return (record["gpu"], json.dumps(fixed, sort_keys=True))
+# ----- latency and throughput per phase --------------------------------------------------------
+def phase_block(records: list[dict], phase: str, colours: dict[str, str]) -> dict:
+    """One phase: a chart per workload family, the default one's headline first."""
+    families = plots.workload_families(records, phase)
+    charts = [family_chart(f, colours, plots.ceilings(records, f["gpu"])) for f in families]
+    return {
+        "phase": phase,
+        "title": PHASE_TITLES.get(phase, f"{phase}: latency vs length"),
+        "charts": charts,
+        "headline": charts[0]["headline"] if charts else "",
+    }
 
 
-def _family_title(shape: AttentionShape, gpu: str, phase: str) -> str:
-    mask = "causal" if shape.causal else "no mask"
-    if shape.has_window:
-        mask += f", window {shape.window}"
-    heads = (f"{shape.query_heads} heads" if shape.query_heads == shape.kv_heads
-             else f"{shape.query_heads} query / {shape.kv_heads} KV heads")
-    queries = f", {shape.seqlen_q} query token" + ("s" if shape.seqlen_q > 1 else "") \
-        if phase == "decode" else ""
-    return (f"{gpu}: batch {shape.batch}, {heads}, d={shape.head_dim}, "
-            f"{shape.dtype}, {mask}{queries}")
-
-
-def is_latency(record: dict) -> bool:
-    return record.get("metric") != SKIPPED_METRIC and record.get("unit") in MS_PER_UNIT
-
-
-def _ms(record: dict, key: str) -> float:
-    return record[key] * MS_PER_UNIT[record["unit"]]
-
-
-def _point_text(label: str, x: int, record: dict) -> str:
-    spread = ""
-    if record.get("p20") is not None and record.get("p80") is not None:
-        spread = f" (p20\u2013p80 {_ms(record, 'p20'):.4g}\u2013{_ms(record, 'p80'):.4g})"
+def _point(record: dict, label: str) -> dict:
+    x = plots.swept_length(record)
+    p50, p20, p80 = (plots.to_ms(record, k) for k in ("p50", "p20", "p80"))
+    spread = "" if p20 is None or p80 is None else \
+        f" (p20\u2013p80 {p20:.4g}\u2013{p80:.4g})"
     rate = ""
     if record.get("tflops") is not None:
         rate = f", {record['tflops']:.0f} TFLOP/s"
     elif record.get("tbps") is not None:
         rate = f", {record['tbps']:.2f} TB/s"
-    return (f"{label} \u00b7 {x:,} tokens \u00b7 {_ms(record, 'p50'):.4g} ms median of "
-            f"{record['repeats']}{spread}{rate}")
+    return {
+        "x": x, "batch": record["shape"]["batch"], "y_ms": p50, "p20_ms": p20, "p80_ms": p80,
+        "tflops": record.get("tflops"), "tbps": record.get("tbps"),
+        "text": (f"{label} \u00b7 {x:,} tokens \u00b7 B={record['shape']['batch']} \u00b7 "
+                 f"{p50:.4g} ms median of {record['repeats']}{spread}{rate}"),
+    }
 
 
-def latency_charts(records: list[dict], phase: str) -> list[dict]:
-    """One chart per workload family of ``phase``; one series per provider."""
-    if phase not in PHASES:
-        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    families: dict[tuple, dict] = {}
-    for record in records:
-        if record.get("phase") != phase or not record.get("shape"):
+def family_chart(family: dict, colours: dict[str, str], roofs: dict) -> dict:
+    phase = family["phase"]
+    providers = plots.family_providers(family)
+    series = []
+    for rank, provider in enumerate(providers):
+        label = plots.provider_label(provider)
+        points = [_point(r, label) for r in family["records"] if r["provider"] == provider]
+        series.append({"provider": provider, "label": label, "colour": colours[provider],
+                       "ours": plots.is_ours(provider),
+                       "visible": rank < plots.DEFAULT_VISIBLE, "points": points})
+    field, roof_metric, unit = plots.PHASE_ROOFS.get(phase, plots.PHASE_ROOFS["prefill"])
+    roof = None
+    if roof_metric in roofs:
+        value, label = roofs[roof_metric]
+        roof = {"value": value, "label": f"{label}: {value:.3g} {unit}",
+                "name": ROOF_NAMES[roof_metric]}
+    records = family["records"]
+    versions = sorted({f"torch {r.get('torch')}, Triton {r.get('triton')}, "
+                       f"driver {r.get('driver') or 'n/a'}" for r in records})
+    commits = sorted({str(r.get("git_commit"))[:10] for r in records})
+    dates = sorted(str(r.get("timestamp"))[:10] for r in records)
+    return {
+        "title": plots.family_title(family),
+        "slug": plots.family_slug(family),
+        "kind": "line" if len(family["lengths"]) > 1 else "bars",
+        "x_title": X_TITLES.get(phase, DEFAULT_X_TITLE),
+        "y_title": "median latency (ms, log scale)",
+        "x_ticks": [{"x": n, "label": format_tokens(n)} for n in family["lengths"]],
+        "throughput": {"field": field, "unit": unit, "roof": roof,
+                       "y_title": f"{unit} from the median time (linear)"},
+        "series": series,
+        "headline": headline(family, roof, field, unit),
+        "not_measured": not_measured_line(family),
+        "note": (f"Median of the stated repeats per point, measured on {family['gpu']} "
+                 f"({'; '.join(versions)}), commit {', '.join(commits)}, {dates[0]}"
+                 + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
+                 + ". Bands: p20\u2013p80. Hover or focus a point for its value."),
+    }
+
+
+def _ratio_clause(ours_ms: float, peer_ms: float, label: str) -> str:
+    ratio = peer_ms / ours_ms
+    factor = ratio if ratio >= 1 else 1 / ratio
+    text = format_ratio(factor, 1 if factor >= 10 else 2)
+    return f"{text} {'faster' if ratio >= 1 else 'slower'} than {label} ({format_ms(peer_ms)})"
+
+
+def headline(family: dict, roof: dict | None, field: str, unit: str) -> str:
+    """'At 4k tokens, attnlab takes X ms: Y× faster than eager (…), Z× slower than cuDNN (…).'"""
+    by_length: dict[int, dict[str, dict]] = {}
+    for record in family["records"]:
+        by_length.setdefault(plots.swept_length(record), {})[record["provider"]] = record
+    ours = [p for p in plots.family_providers(family) if plots.is_ours(p)]
+    if not ours:
+        return ""
+    primary = max(ours, key=lambda p: sum(p in row for row in by_length.values()))
+    common = [n for n, row in sorted(by_length.items())
+              if primary in row and any(not plots.is_ours(p) for p in row)]
+    if not common:
+        return ""
+    if family["phase"] != "decode" and HEADLINE_LENGTH in common:
+        length = HEADLINE_LENGTH
+    else:
+        length = common[-1]
+    row = by_length[length]
+    mine = row[primary]
+    ours_ms = plots.to_ms(mine)
+    peers = [p for p in HEADLINE_PEERS if p in row]
+    others = [p for p in row if not plots.is_ours(p)]
+    fastest = min(others, key=lambda p: plots.to_ms(row[p]))
+    if fastest not in peers:
+        peers.append(fastest)
+    clauses = [_ratio_clause(ours_ms, plots.to_ms(row[p]), plots.provider_label(p))
+               for p in peers]
+    where = (f"a {format_tokens(length)} KV cache" if family["phase"] == "decode"
+             else f"{format_tokens(length)} tokens")
+    rate = ""
+    if mine.get(field) is not None:
+        rate = f" ({mine[field]:.3g} {unit}"
+        if roof:
+            rate += f", {100 * mine[field] / roof['value']:.0f}% of {roof['name']}"
+        rate += ")"
+    return (f"At {where}, {plots.provider_label(primary)} takes {format_ms(ours_ms)}{rate}: "
+            + ", ".join(clauses) + ".")
+
+
+_IMPORT_DETAIL = re.compile(r"\s*\((?:ModuleNotFoundError|ImportError)[^)]*\)")
+
+
+def _reason(record: dict) -> str:
+    reason = str(record.get("reason") or "no reason given")
+    provider = record["provider"]
+    if reason.startswith(provider + " "):
+        reason = reason[len(provider) + 1:]
+        reason = reason[3:] if reason.startswith("is ") else reason
+    return _IMPORT_DETAIL.sub("", reason).strip()
+
+
+def not_measured_line(family: dict) -> str:
+    """One line for every skipped provider of a family, grouped by reason."""
+    measured = {(r["provider"], plots.swept_length(r)) for r in family["records"]}
+    lengths = set(family["lengths"]) | {plots.swept_length(r) for r in family["skipped"]}
+    missing: dict[str, set[int]] = {}
+    reasons: dict[str, str] = {}
+    for record in family["skipped"]:
+        x = plots.swept_length(record)
+        if (record["provider"], x) in measured:
             continue
-        if not is_latency(record) and record.get("metric") != SKIPPED_METRIC:
-            continue
-        shape = _shape(record)
-        key = _family_key(record, shape)
-        family = families.setdefault(key, {"shape": shape, "gpu": record["gpu"],
-                                           "series": defaultdict(dict), "records": [],
-                                           "skipped": []})
-        x = shape.seqlen_k if phase == "decode" else shape.seqlen_q
-        if record["metric"] == SKIPPED_METRIC:
-            family["skipped"].append(f"{record['provider']} at {format_tokens(x)} "
-                                     f"({record.get('reason', 'no reason given')})")
-            continue
-        # A series is one provider's one kind of timing (a whole call, or one kernel).
-        series_key = (record["provider"], record["kernel"], record["metric"])
-        # One point per series and length: a later record (upsert order) replaces it.
-        family["series"][series_key][x] = record
-        family["records"].append(record)
-    charts = []
-    # Longest sweeps first: the default chart should be a curve, not a single point.
-    def order(family):
-        lengths = {x for points in family["series"].values() for x in points}
-        return (-len(lengths), _family_title(family["shape"], family["gpu"], phase))
-
-    for family in sorted(families.values(), key=order):
-        if not family["series"]:
-            continue
-        xs = sorted({x for points in family["series"].values() for x in points})
-        kinds = {(kernel, metric) for _, kernel, metric in family["series"]}
-        series = []
-        for provider, kernel, metric in sorted(family["series"]):
-            points = family["series"][(provider, kernel, metric)]
-            # Name the kernel/metric only when the chart mixes several kinds of timing.
-            label = provider if len(kinds) == 1 else f"{provider} ({kernel}, {metric})"
-            series.append({
-                "provider": provider,
-                "label": label,
-                "points": [{"x": x, "y_ms": _ms(points[x], "p50"),
-                            "text": _point_text(label, x, points[x])}
-                           for x in sorted(points)],
-            })
-        versions = sorted({f"torch {r.get('torch')}, Triton {r.get('triton')}, "
-                           f"driver {r.get('driver') or 'n/a'}" for r in family["records"]})
-        commits = sorted({str(r.get("git_commit"))[:10] for r in family["records"]})
-        dates = sorted(str(r.get("timestamp"))[:10] for r in family["records"])
-        charts.append({
-            "title": _family_title(family["shape"], family["gpu"], phase),
-            "x_title": X_TITLES[phase],
-            "y_title": "median latency (ms, log scale)",
-            "x_ticks": [{"x": x, "label": format_tokens(x)} for x in xs],
-            "series": series,
-            "note": (f"Median of the stated repeats per point, measured on {family['gpu']} "
-                     f"({'; '.join(versions)}), commit {', '.join(commits)}, "
-                     f"{dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
-                     + ". Hover or focus a point for its value."
-                     + (f" Not measured: {'; '.join(family['skipped'])}."
-                        if family["skipped"] else "")),
-        })
-    return charts
+        missing.setdefault(record["provider"], set()).add(x)
+        reasons.setdefault(record["provider"], _reason(record))
+    if not missing:
+        return ""
+    grouped: dict[str, list[str]] = {}
+    for provider in sorted(missing, key=plots.provider_rank):
+        where = "" if missing[provider] >= lengths else \
+            " at " + ", ".join(format_tokens(n) for n in sorted(missing[provider]))
+        grouped.setdefault(reasons[provider], []).append(provider + where)
+    parts = [f"{', '.join(names)} ({reason})" for reason, names in grouped.items()]
+    return "Not measured: " + "; ".join(parts) + "."
 
 
-def _ncu_cases(folder: Path) -> tuple[list[tuple[str, list]], list[str]]:
-    """Profiled attnlab cases from every Nsight Compute CSV under ``folder``.
-
-    Returns (case label, kernels) pairs and notes on what was left out: CSVs this
-    parser does not know, and kernels outside an attnlab case (NVTX) range.
-    """
-    from attnlab.measure import ncu
-
-    cases: list[tuple[str, list]] = []
-    notes: list[str] = []
-    for path in sorted(folder.rglob("*.csv")):
-        try:
-            kernels = ncu.parse_csv(path)
-        except ValueError:
-            notes.append(f"{path.name} is not an Nsight Compute CSV")
-            continue
-        grouped = ncu.group_by_case(kernels)
-        outside = sum(1 for k in kernels if not k.case)
-        if outside:
-            notes.append(f"{outside} kernel{'s' if outside != 1 else ''} of {path.name} ran "
-                         f"outside an attnlab case range")
-        cases.extend(grouped.items())
-    return cases, notes
-
-
-def bytes_table(folder: Path) -> tuple[list[dict], list[str]]:
-    """Measured DRAM bytes of each profiled case beside the cache-aware and logical models.
+# ----- bytes: Nsight Compute vs the models -----------------------------------------------------
+def bytes_section(cases: list[dict], notes: list[str], colours: dict[str, str],
+                  folder: Path) -> dict:
+    """Measured DRAM bytes of each profiled case against the cache-aware and logical models.
 
     The pairing of kernels with predictions is attnlab.measure.compare's; this only
-    formats its result.
+    formats its result, as chart points and as the table under the chart.
     """
-    from attnlab.measure import compare, ncu
+    from attnlab.measure import compare
 
-    cases, notes = _ncu_cases(folder)
-    rows = []
-    for label, kernels in cases:
+    points, table = [], []
+    notes = list(notes)
+    for case in cases:
+        provider, shape = case["provider"], case["shape"]
         try:
-            provider, phase, shape = ncu.parse_case_label(label)
-        except (ValueError, KeyError):
-            notes.append(f"case {label!r} is not an attnlab case label")
-            continue
-        try:
-            case = compare.compare_case(provider, shape, kernels)
+            comparison = compare.compare_case(provider, shape, case["kernels"])
         except ValueError as error:
             notes.append(f"{provider} {shape.describe()}: {error}")
             continue
-        logical = "n/a" if case.logical_bytes is None else format_bytes(case.logical_bytes)
-        logical_ratio = ("n/a" if case.logical_bytes is None
-                         else format_ratio(case.logical_bytes / case.measured_total))
-        rows.append({
-            "provider": provider,
-            "phase": phase,
-            "measured_bytes": case.measured_total,
-            "cache_model_bytes": case.predicted_total,
-            "logical_bytes": case.logical_bytes,
-            "cells": [provider, phase, shape.describe(),
-                      " + ".join(p.role for p in case.pairs),
-                      format_bytes(case.measured_total),
-                      f"{format_bytes(case.predicted_total)} "
-                      f"({100 * case.relative_error:+.1f}%)",
-                      f"{logical} ({logical_ratio} measured)"],
-        })
-    return rows, notes
+        measured, predicted = comparison.measured_total, comparison.predicted_total
+        logical = comparison.logical_bytes
+        error = comparison.relative_error
+        label = plots.provider_label(provider)
+        text = (f"{label} \u00b7 {shape.describe()} \u00b7 measured {format_bytes(measured)}, "
+                f"cache-aware {format_bytes(predicted)} ({100 * error:+.1f}%)"
+                + ("" if logical is None else f", logical {format_bytes(logical)} "
+                   f"({format_ratio(logical / measured)} measured)"))
+        points.append({"provider": provider, "label": label, "colour": colours[provider],
+                       "phase": case["phase"], "shape": shape.describe(),
+                       "measured_bytes": measured, "cache_model_bytes": predicted,
+                       "logical_bytes": logical, "relative_error": error, "text": text})
+        logical_text = "n/a" if logical is None else \
+            f"{format_bytes(logical)} ({format_ratio(logical / measured)} measured)"
+        table.append({"provider": provider, "phase": case["phase"], "cells": [
+            label, case["phase"], shape.describe(), " + ".join(p.role for p in comparison.pairs),
+            format_bytes(measured), f"{format_bytes(predicted)} ({100 * error:+.1f}%)",
+            logical_text]})
+    # attnlab last, so the chart draws it on top of the peers it overlaps.
+    points.sort(key=lambda p: plots.is_ours(p["provider"]))
+    within = sum(abs(p["relative_error"]) <= BYTES_GOAL for p in points)
+    fused = [p["logical_bytes"] / p["measured_bytes"] for p in points
+             if p["logical_bytes"] is not None and not p["provider"].startswith("eager")]
+    headline_text = ""
+    if points:
+        headline_text = (f"The cache-aware model is within {BYTES_GOAL:.0%} of the measured "
+                         f"DRAM bytes in {within} of {len(points)} profiled cases"
+                         + (f"; the logical (cold-cache) model is up to "
+                            f"{format_ratio(max(fused), 0)} too high for fused kernels, whose "
+                            f"K/V re-reads L2 serves" if fused else "") + ".")
+    return {
+        "points": points,
+        "headline": headline_text,
+        "table": table,
+        "headers": ["provider", "phase", "shape", "kernels", "measured DRAM",
+                    "cache-aware model (error)", "logical model (\u00d7 measured)"],
+        "caption": ("Whole call, all heads and batch. Measured: Nsight Compute "
+                    "dram__bytes_read.sum + dram__bytes_write.sum. Cache-aware: "
+                    "attnlab.model.cache (H200 L2). Logical: attnlab.model.traffic, "
+                    "cold cache." + (f" Left out: {'; '.join(notes)}." if notes else "")),
+        "empty_message": (f"No Nsight Compute CSV of an attnlab case under {folder}"
+                          + (f" ({'; '.join(notes)})" if notes else "")
+                          + "; the logical prediction is in section 3."),
+    }

@@ -1,4 +1,4 @@
-"""How the page prints numbers: binary byte units, ratios, token counts.
+"""How the page prints numbers: binary byte units, ratios, token counts (from ``attnlab.shapes``).
 
 The models return exact integers; these helpers only decide how to show them, so
 the page and the tests agree on one string for every value.
@@ -7,6 +7,9 @@ the page and the tests agree on one string for every value.
 from __future__ import annotations
 
 import math
+
+# Token counts are written where plots (measure/, below this room) can reach them too.
+from attnlab.shapes import format_tokens as format_tokens  # re-exported for the page
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -54,15 +57,6 @@ def format_ratio(value: float, decimals: int = 2) -> str:
     return f"{value:,.{decimals}f}\u00d7"
 
 
-def format_tokens(tokens: int) -> str:
-    """``2048`` -> ``"2k"``, ``131072`` -> ``"128k"``, ``1000`` -> ``"1,000"``."""
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f"tokens must be an int >= 1, got {tokens!r}")
-    if tokens % 1024 == 0:
-        return f"{tokens // 1024}k"
-    return f"{tokens:,}"
-
-
 def format_percent(fraction: float, decimals: int = 2) -> str:
     """``0.0325`` -> ``"3.25%"``."""
     if not math.isfinite(fraction):
@@ -102,3 +96,22 @@ def format_index_ranges(indices: list[int] | tuple[int, ...], *, base: int = 1) 
         if index is not None:
             start = previous = index
     return ", ".join(parts)
+
+
+def format_ms(milliseconds: float) -> str:
+    """Three significant digits, as the post quotes times: ``0.35007`` -> ``"0.350 ms"``,
+    ``2.8115`` -> ``"2.81 ms"``, ``1005.1`` -> ``"1,005 ms"``."""
+    if not math.isfinite(milliseconds) or milliseconds < 0:
+        raise ValueError(f"milliseconds must be finite and >= 0, got {milliseconds!r}")
+    if milliseconds >= 100:
+        return f"{milliseconds:,.0f} ms"
+    return f"{milliseconds:#.3g} ms"
+
+
+def format_us(microseconds: float) -> str:
+    """Kernel times: ``9.38`` -> ``"9.4 µs"`` below 100 µs, milliseconds above."""
+    if not math.isfinite(microseconds) or microseconds < 0:
+        raise ValueError(f"microseconds must be finite and >= 0, got {microseconds!r}")
+    if microseconds < 100:
+        return f"{microseconds:.1f} \u00b5s"
+    return format_ms(microseconds / 1e3)

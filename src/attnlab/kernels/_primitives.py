@@ -16,8 +16,10 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _mma(a, b, acc, UPCAST: tl.constexpr):
-    """acc + a @ b in fp32.  UPCAST is for Triton 3.6's CPU interpreter only, whose
-    bf16 dot multiplies the raw 16-bit patterns; on a GPU the operands stay 16-bit."""
+    """acc + a @ b in fp32.  UPCAST is for Triton's CPU interpreter only, whose bf16
+    dot multiplies the raw 16-bit patterns (error ~2e10 on a 16x16 product in 3.6.0,
+    3.7.1, 3.8.0 and 3.9.0 alike, so no released version may skip it); on a GPU the
+    operands stay 16-bit."""
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     return tl.dot(a, b, acc)
@@ -46,10 +48,9 @@ def _online_softmax_step(qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset,
                          HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
     """Scores of one tile -> probabilities p (base m_new), rescale alpha, new m and l."""
     if HAS_SOFTCAP:
-        # softcap * tanh(s / softcap), with tanh(x) = 1 - 2 / (exp(2x) + 1); kept in
-        # the log2 domain so the exponentials below stay exp2.
-        x = qk * softcap_inv
-        qk = softcap_log2 * (1.0 - 2.0 / (tl.math.exp2(x * (2.0 * 1.4426950408889634)) + 1.0))
+        # softcap * tanh(s / softcap), kept in the log2 domain (softcap_log2 = softcap *
+        # log2(e)) so the exponentials below stay exp2.
+        qk = softcap_log2 * _softcap_tanh(qk, softcap_inv)
         score_scale = 1.0
     else:
         # The softmax scale is folded into the exp2 argument (one FMA per score).
@@ -77,5 +78,123 @@ def _online_softmax_step(qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset,
 
 
 def kernel_is_interpreted() -> bool:
-    """True when Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1 at import)."""
-    return not isinstance(_mma, JITFunction)
+    """True when Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1 at import);
+    RuntimeError when this Triton's interpreter cannot run beside this NumPy."""
+    interpreted = not isinstance(_mma, JITFunction)
+    conflict = _interpreter_numpy_conflict() if interpreted else None
+    if conflict:
+        raise RuntimeError(conflict)
+    return interpreted
+
+
+def _interpreter_numpy_conflict() -> str | None:
+    """Triton 3.6's interpreter converts 1-element arrays with int(), which NumPy >= 2.4
+    refuses (a TypeError deep inside every launch); Triton 3.7.1's does not (both checked
+    with NumPy 2.4.6), so only that pairing is refused, here, with the way out."""
+    import numpy
+
+    triton_minor = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    numpy_minor = tuple(int(p) for p in numpy.__version__.split(".")[:2])
+    if triton_minor < (3, 7) and numpy_minor >= (2, 4):
+        return (f"Triton {triton.__version__}'s CPU interpreter cannot run with NumPy "
+                f"{numpy.__version__} (it needs NumPy < 2.4); install 'numpy<2.4' or "
+                f"Triton >= 3.7")
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Band bounds and the softcap, shared by the backward kernels (and available to the
+# forward: _kv_band_bounds is the forward's inline arithmetic as one function).
+#
+# Bottom-right alignment: query i sees key j iff
+#   i + diag_offset - window_left <= j <= i + diag_offset + window_right,
+# with diag_offset = seqlen_k - seqlen_q and a side bounded only when HAS_LEFT/HAS_RIGHT.
+# Each function returns four bounds lo <= full_lo <= full_hi <= hi: tiles in [lo, hi)
+# are loaded (the skip bound), those in [full_lo, full_hi) are seen in full by every
+# row of the block and run without the element mask; the rest run masked.
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _kv_band_bounds(m_first, m_last, seqlen_k, diag_offset, window_left, window_right,
+                    BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Key range seen from the query block [m_first, m_last]: (kv_lo, full_lo, full_hi, kv_hi).
+
+    The ragged last key tile is never "full" (its padded keys need the mask)."""
+    kv_lo = 0
+    kv_hi = seqlen_k
+    if HAS_LEFT:
+        kv_lo = tl.maximum(m_first + diag_offset - window_left, 0) // BLOCK_N * BLOCK_N
+    if HAS_RIGHT:
+        kv_hi = tl.minimum(tl.maximum(m_last + diag_offset + window_right + 1, 0), seqlen_k)
+    kv_hi = tl.maximum(kv_hi, kv_lo)
+    full_lo = kv_lo
+    full_hi = seqlen_k // BLOCK_N * BLOCK_N
+    if HAS_LEFT:
+        first_full = tl.maximum(m_last + diag_offset - window_left, 0)
+        full_lo = tl.maximum(kv_lo, tl.cdiv(first_full, BLOCK_N) * BLOCK_N)
+    if HAS_RIGHT:
+        last_full = tl.maximum(m_first + diag_offset + window_right + 1, 0)
+        full_hi = tl.minimum(full_hi, last_full // BLOCK_N * BLOCK_N)
+    full_lo = tl.minimum(full_lo, kv_hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), kv_hi)
+    return kv_lo, full_lo, full_hi, kv_hi
+
+
+@triton.jit
+def _q_band_bounds(n_first, n_last, seqlen_q, diag_offset, window_left, window_right,
+                   BLOCK_M: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Query range that sees the key block [n_first, n_last]: (q_lo, full_lo, full_hi, q_hi).
+
+    Query i sees key j iff j - diag_offset - window_right <= i <= j - diag_offset + window_left.
+    The ragged last query tile is never "full" (its padded rows need the mask)."""
+    q_lo = 0
+    q_hi = seqlen_q
+    if HAS_RIGHT:
+        q_lo = tl.maximum(n_first - diag_offset - window_right, 0) // BLOCK_M * BLOCK_M
+    if HAS_LEFT:
+        q_hi = tl.minimum(tl.maximum(n_last - diag_offset + window_left + 1, 0), seqlen_q)
+    q_hi = tl.maximum(q_hi, q_lo)
+    full_lo = q_lo
+    full_hi = seqlen_q // BLOCK_M * BLOCK_M
+    if HAS_RIGHT:
+        first_full = tl.maximum(n_last - diag_offset - window_right, 0)
+        full_lo = tl.maximum(q_lo, tl.cdiv(first_full, BLOCK_M) * BLOCK_M)
+    if HAS_LEFT:
+        last_full = tl.maximum(n_first - diag_offset + window_left + 1, 0)
+        full_hi = tl.minimum(full_hi, last_full // BLOCK_M * BLOCK_M)
+    full_lo = tl.minimum(full_lo, q_hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), q_hi)
+    return q_lo, full_lo, full_hi, q_hi
+
+
+@triton.jit
+def _band_visible(offs_m, offs_n, diag_offset, window_left, window_right,
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """The element mask's band test for rows offs_m[:, None] and keys offs_n[None, :]
+    (pass transposed index vectors for a keys-by-rows tile)."""
+    visible = offs_n >= 0
+    if HAS_RIGHT:
+        visible = visible & (offs_n <= offs_m + diag_offset + window_right)
+    if HAS_LEFT:
+        visible = visible & (offs_n >= offs_m + diag_offset - window_left)
+    return visible
+
+
+@triton.jit
+def _softcap_tanh(qk, softcap_inv):
+    """tanh(x) for x = qk * softcap_inv (= scale * qk / softcap), accurate to a few float32
+    ulps relative for every x, so softcap * tanh(x) keeps the score's own precision at any
+    cap.  1 - 2 / (exp(2x) + 1) cancels for small x: at softcap 1e6 a score of 1 came back
+    0.1 off (issue #11).  Here |x| < 0.25 takes the odd Taylor series to x^7 (truncation
+    < 4e-7 relative); larger |x| takes (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.61,
+    where 1 - e no longer cancels.  Infinite x gives +-1, NaN stays NaN.  The forward's
+    softmax step and the backward's derivative (1 - tanh^2) share this one function."""
+    x = qk * softcap_inv
+    ax = tl.abs(x)
+    e = tl.math.exp2(ax * (-2.0 * 1.4426950408889634))
+    small = tl.minimum(ax, 0.25)  # the series' own input, so huge |x| cannot overflow it
+    x2 = small * small
+    series = small * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333
+                                                                 + x2 * -0.05396825396825397)))
+    t = tl.where(ax < 0.25, series, (1.0 - e) / (1.0 + e))
+    return tl.where(x < 0.0, -t, t)

@@ -86,6 +86,12 @@ TUNED: dict[tuple[int, bool, int], ForwardConfig] = {
 }
 
 
+# Triton releases the Gluon sm_90 forward (kernels/forward_sm90.py) was built and checked
+# on; Gluon's API changes between releases, so it is neither imported nor dispatched on
+# any other version.
+GLUON_SM90_TRITON_VERSIONS = ("3.6.0",)
+
+
 def head_dim_padded(head_dim: int) -> int:
     """The kernel's register tile width along d: the next power of two, at least 16."""
     return max(16, 1 << (head_dim - 1).bit_length())
@@ -98,3 +104,130 @@ def forward_config(shape: AttentionShape, *, interpreted: bool = False) -> Forwa
     key = (head_dim_padded(shape.head_dim), shape.causal or shape.has_window)
     bucket = length_bucket(max(shape.seqlen_q, shape.seqlen_k))
     return TUNED.get((*key, bucket), _BASE[key])
+
+
+# ---------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Tiles of the two backward kernels.
+
+    dK/dV kernel: one program owns ``dkdv_block_n`` keys and streams query tiles of
+    ``dkdv_block_m`` rows past them; dQ kernel: one program owns ``dq_block_m`` query
+    rows and streams key tiles of ``dq_block_n``.  The delta preprocess uses
+    ``dq_block_m`` rows per program.
+    """
+
+    dkdv_block_m: int
+    dkdv_block_n: int
+    dq_block_m: int
+    dq_block_n: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self) -> None:
+        for name in ("dkdv_block_m", "dkdv_block_n", "dq_block_m", "dq_block_n"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+# Small tiles keep the interpreter's per-op cost low and make test shapes span
+# several tiles in both directions (B_c > B_r in the dK/dV kernel, B_r > B_c in dQ).
+INTERPRETER_BACKWARD_CONFIG = BackwardConfig(32, 64, 64, 32, num_warps=4, num_stages=1)
+
+# (head_dim_pad, masked) -> untuned H200 starting points (the Triton tutorial's and FA3's
+# shapes: K/V-stationary 128 keys against 64-row query tiles at d <= 128; at d = 256 the
+# fp32 dK and dV accumulators alone take 2 * 64 * 256 * 4 B = 128 KiB, so the owned
+# key block halves).  bench/backward_h200.py's sweep replaces these with measured winners.
+_BACKWARD_BASE: dict[tuple[int, bool], BackwardConfig] = {
+    (16, False): BackwardConfig(64, 128, 128, 64, 8, 2),
+    (32, False): BackwardConfig(64, 128, 128, 64, 8, 2),
+    (64, False): BackwardConfig(64, 128, 128, 64, 8, 2),
+    (128, False): BackwardConfig(64, 128, 128, 64, 8, 2),
+    (256, False): BackwardConfig(64, 64, 64, 64, 8, 1),
+    (16, True): BackwardConfig(64, 128, 128, 64, 8, 2),
+    (32, True): BackwardConfig(64, 128, 128, 64, 8, 2),
+    (64, True): BackwardConfig(64, 128, 128, 64, 8, 2),
+    (128, True): BackwardConfig(64, 128, 128, 64, 8, 2),
+    (256, True): BackwardConfig(64, 64, 64, 64, 8, 1),
+}
+
+# (head_dim_pad, masked, length_bucket) -> the fastest accurate config measured on the
+# H200, as bench/backward_h200.py printed them (run 2 of 2026-12-01, bf16, backward alone;
+# bench/results/runs/2026-12-01-run2/backward_tuning.jsonl).  The one change the sweep
+# found: 3 stages instead of 2 (d = 128: 306 TFLOP/s causal, 394 full), and at d = 64
+# causal half the dK/dV rows with 4 warps (290).  Other buckets take the nearest one.
+BACKWARD_TUNED: dict[tuple[int, bool, int], BackwardConfig] = {
+    (64, True, 4096): BackwardConfig(32, 128, 64, 64, 4, 3),
+    (128, False, 4096): BackwardConfig(64, 128, 128, 64, 8, 3),
+    (128, True, 4096): BackwardConfig(64, 128, 128, 64, 8, 3),
+}
+
+
+def backward_config(shape: AttentionShape, *, interpreted: bool = False) -> BackwardConfig:
+    """The backward tiling for one call, keyed like :func:`forward_config`."""
+    if interpreted:
+        return INTERPRETER_BACKWARD_CONFIG
+    key = (head_dim_padded(shape.head_dim), shape.causal or shape.has_window)
+    bucket = length_bucket(max(shape.seqlen_q, shape.seqlen_k))
+    # A bucket the sweep did not measure takes the nearest measured bucket of the same
+    # (head dim, masked) before the untuned base: a measured tile beats a guess.
+    measured = [b for (d, m, b) in BACKWARD_TUNED if (d, m) == key]
+    if not measured:
+        return _BACKWARD_BASE[key]
+    nearest = min(measured, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), b))
+    return BACKWARD_TUNED[(*key, nearest)]
+
+
+# ----- decode (split-KV) ---------------------------------------------------------------
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tiling of the split-KV decode kernel.
+
+    ``block_n`` keys per loop step; ``ctas_per_sm`` is how many split programs of this
+    tiling one SM holds at once (shared memory bound: num_stages K+V tiles of
+    block_n x d), which is what the split-count heuristic fills.
+    """
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    ctas_per_sm: int
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
+        if self.ctas_per_sm < 1:
+            raise ValueError(f"ctas_per_sm must be >= 1, got {self.ctas_per_sm}")
+
+
+# Small key tiles on the CPU, so test caches of a few hundred keys span several tiles
+# and many splits.
+INTERPRETER_DECODE_CONFIG = DecodeConfig(block_n=32, num_warps=4, num_stages=1, ctas_per_sm=2)
+
+# head_dim_pad -> config.  d = 128 is tuned on the H200 (bench/decode_h200.py --tune,
+# run 3 under CUDA-graph replay, 32 q / 8 kv heads, bf16; bench/results/decode_tuning.jsonl):
+# 128-key steps with 3 stages hold 3 x 2 x 128 x 128 x 2 B = 192 KiB of K/V per program,
+# one program per SM, and ~15 splits at batch 1 (FA3's count) beat the 29 that two
+# 64-key programs per SM asked for: 50.9 vs 52.8 us at 1 x 32k, 139 vs 146 us at 1 x 128k;
+# at 16 x 32k one split reads 4.38 TB/s.  The other head dims are not tuned yet.
+_DECODE_BASE: dict[int, DecodeConfig] = {
+    16: DecodeConfig(64, 4, 3, 4),
+    32: DecodeConfig(64, 4, 3, 4),
+    64: DecodeConfig(64, 4, 3, 3),
+    128: DecodeConfig(128, 4, 3, 1),
+    256: DecodeConfig(32, 4, 3, 2),
+}
+
+
+def decode_config(head_dim: int, *, interpreted: bool = False) -> DecodeConfig:
+    """The decode kernel's tiling for one head dim."""
+    if interpreted:
+        return INTERPRETER_DECODE_CONFIG
+    return _DECODE_BASE[head_dim_padded(head_dim)]

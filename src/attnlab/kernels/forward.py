@@ -1,4 +1,4 @@
-"""FlashAttention-2 forward in Triton: the kernel, its launcher, its custom op.
+"""FlashAttention-2 forward in Triton: the kernel and its launcher.
 
 Loop order (FA-2, Dao 2023 Algorithm 1): one program owns BLOCK_M query rows of
 one (batch, head); it streams K/V tiles of BLOCK_N rows through on-chip memory
@@ -15,6 +15,11 @@ lesson (section 2.1):
   which sets invisible scores to -inf before the running max and sum see them.
 
 Tiles fully inside the band run the unmasked stage: no mask arithmetic at all.
+
+Variable-length batches (``IS_VARLEN``, layout ``thd``) are the same kernel: a
+program reads its sequence's first token and length from ``cu_seqlens`` and then
+runs exactly the dense loop on that sequence; programs whose query block lies
+past their sequence's end exit at once.
 """
 
 from __future__ import annotations
@@ -25,12 +30,18 @@ import triton.language as tl
 
 from attnlab.kernels._primitives import (
     LOG2E,
+    _kv_band_bounds,
     _load_kv_tile,
     _mma,
     _online_softmax_step,
     kernel_is_interpreted,
 )
-from attnlab.kernels.configs import ForwardConfig, forward_config, head_dim_padded
+from attnlab.kernels.configs import (
+    GLUON_SM90_TRITON_VERSIONS,
+    ForwardConfig,
+    forward_config,
+    head_dim_padded,
+)
 from attnlab.shapes import AttentionShape
 
 
@@ -64,18 +75,21 @@ def _kv_tiles(
 # Lengths, head counts and window sizes change per call; specialising on their
 # divisibility would only multiply compiles.  Strides stay specialised (16-byte
 # alignment enables vector loads).
-@triton.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k",
+@triton.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k", "num_m_blocks",
                                "window_left", "window_right"])
 def _attn_fwd(
     # pointers
     Q, K, V, O, LSE,
-    # strides (batch, head, seq); the head dim is unit-stride
+    CU_SEQLENS_Q, CU_SEQLENS_K,  # varlen only: (batch + 1,) int32 first-token offsets
+    # strides (batch, head, seq); the head dim is unit-stride.  Varlen tensors are
+    # (total_tokens, heads, head_dim) with batch stride 0: cu_seqlens places a sequence.
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
-    # sizes
-    num_heads, group_size, seqlen_q, seqlen_k,
+    stride_lse_b, stride_lse_h,  # LSE rows are unit-stride
+    # sizes (dense: the call's lengths; varlen: unused, each program reads its own)
+    num_heads, group_size, seqlen_q, seqlen_k, num_m_blocks,
     window_left, window_right,
     # scalars
     qk_scale, softcap_log2, softcap_inv,
@@ -84,59 +98,71 @@ def _attn_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     REVERSE_M: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, OFFSETS_64: tl.constexpr,
 ):
-    # Query blocks of one head run next to each other so they share its K/V in L2;
-    # with a causal band the last blocks do the most work, so they start first.
-    pid_m = tl.program_id(0)
-    num_m_blocks = tl.cdiv(seqlen_q, BLOCK_M)
-    start_m = (num_m_blocks - 1 - pid_m) if REVERSE_M else pid_m
-    off_bh = tl.program_id(1)
+    # A 1-D grid, query blocks fastest: the blocks of one head run next to each other
+    # so they share its K/V in L2 (the same order as a (blocks, batch*heads) grid),
+    # and batch*heads is not held to CUDA's 65,535 limit on a grid's second axis.
+    pid = tl.program_id(0)
+    pid_m = pid % num_m_blocks
+    off_bh = pid // num_m_blocks
+    # Scalar base offsets (batch, head, first token) are int64 always: one multiply
+    # per program.  The per-row vector offsets (row * row stride) stay int32 unless
+    # the launcher found that they can pass 2^31 (``OFFSETS_64``, see
+    # ``offsets_need_int64``); then every stride becomes int64, and with it every
+    # product below.
+    if OFFSETS_64:
+        stride_qm = tl.cast(stride_qm, tl.int64)
+        stride_kn = tl.cast(stride_kn, tl.int64)
+        stride_vn = tl.cast(stride_vn, tl.int64)
+        stride_om = tl.cast(stride_om, tl.int64)
     off_b = (off_bh // num_heads).to(tl.int64)
     off_h = off_bh % num_heads
     off_hk = (off_h // group_size).to(tl.int64)
     off_h = off_h.to(tl.int64)
 
+    if IS_VARLEN:
+        q_start = tl.load(CU_SEQLENS_Q + off_b).to(tl.int64)
+        seqlen_q = (tl.load(CU_SEQLENS_Q + off_b + 1) - q_start).to(tl.int32)
+        k_start = tl.load(CU_SEQLENS_K + off_b).to(tl.int64)
+        seqlen_k = (tl.load(CU_SEQLENS_K + off_b + 1) - k_start).to(tl.int32)
+        seq_m_blocks = tl.cdiv(seqlen_q, BLOCK_M)
+        # The grid covers the longest sequence; shorter ones leave programs idle.
+        if pid_m >= seq_m_blocks:
+            return
+    else:
+        q_start = 0
+        k_start = 0
+        seq_m_blocks = num_m_blocks
+    # With a causal band the last blocks do the most work, so they start first.
+    start_m = (seq_m_blocks - 1 - pid_m) if REVERSE_M else pid_m
+
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
+    q_base = Q + off_b * stride_qb + off_h * stride_qh + q_start * stride_qm
+    q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :]
     q_mask = offs_m[:, None] < seqlen_q
     if HEAD_DIM != HEAD_DIM_PAD:
         q_mask = q_mask & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)
-    k_base = K + off_b * stride_kb + off_hk * stride_kh
-    v_base = V + off_b * stride_vb + off_hk * stride_vh
+    k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
+    v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    # Bottom-right alignment: query i sees key j iff
+    # Bottom-right alignment (per sequence when varlen): query i sees key j iff
     #   i + diag_offset - window_left <= j <= i + diag_offset + window_right.
     diag_offset = seqlen_k - seqlen_q
     m_first = start_m * BLOCK_M
     m_last = m_first + BLOCK_M - 1
 
-    # Skip bound: the KV range any row of this block can see.  Tiles outside it
-    # are never loaded.
-    kv_lo = 0
-    kv_hi = seqlen_k
-    if HAS_LEFT:
-        kv_lo = tl.maximum(m_first + diag_offset - window_left, 0) // BLOCK_N * BLOCK_N
-    if HAS_RIGHT:
-        kv_hi = tl.minimum(tl.maximum(m_last + diag_offset + window_right + 1, 0), seqlen_k)
-    kv_hi = tl.maximum(kv_hi, kv_lo)
-
-    # Tiles that every row sees in full need no element mask.
-    full_lo = kv_lo
-    full_hi = seqlen_k // BLOCK_N * BLOCK_N
-    if HAS_LEFT:
-        first_full = tl.maximum(m_last + diag_offset - window_left, 0)
-        full_lo = tl.maximum(kv_lo, tl.cdiv(first_full, BLOCK_N) * BLOCK_N)
-    if HAS_RIGHT:
-        last_full = tl.maximum(m_first + diag_offset + window_right + 1, 0)
-        full_hi = tl.minimum(full_hi, last_full // BLOCK_N * BLOCK_N)
-    full_lo = tl.minimum(full_lo, kv_hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), kv_hi)
+    # The skip bound [kv_lo, kv_hi): tiles outside it are never loaded; of those
+    # loaded, [full_lo, full_hi) are seen in full by every row and need no element mask.
+    kv_lo, full_lo, full_hi, kv_hi = _kv_band_bounds(
+        m_first, m_last, seqlen_k, diag_offset, window_left, window_right,
+        BLOCK_N, HAS_LEFT, HAS_RIGHT)
 
     # Stage 1: tiles cut by the window's left edge (element mask).
     acc, l_i, m_i = _kv_tiles(
@@ -164,9 +190,11 @@ def _attn_fwd(
     out = acc / l_safe[:, None]
     lse = tl.where(has_keys, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
 
-    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
+    o_base = O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om
+    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=q_mask)
-    lse_ptrs = LSE + off_bh.to(tl.int64) * seqlen_q + offs_m
+    # LSE: (batch, heads, seqlen_q) dense, (heads, total_q) varlen.
+    lse_ptrs = LSE + off_b * stride_lse_b + off_h * stride_lse_h + q_start + offs_m
     tl.store(lse_ptrs, lse, mask=offs_m < seqlen_q)
 
 
@@ -177,12 +205,41 @@ def _attn_fwd(
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # AttentionShape's names
 MAX_HEAD_DIM = 256
+LAYOUTS = ("bshd", "bhsd", "thd")
+INT32_MAX = 2**31 - 1
+
+
+def offsets_need_int64(seqlen: int, row_stride: int, block_rows: int, head_dim_pad: int) -> bool:
+    """True when a tile's element offsets from its (batch, head, first token) base can pass
+    2^31 - 1: ``row * row_stride + column`` for every row a tile touches, including the
+    masked rows of a ragged last tile (up to ``seqlen + block_rows``).
+
+    Only this in-sequence part is 32-bit in the kernel; the base itself is int64.  So a
+    (batch, heads, seqlen, dim) tensor far past 2^31 elements stays on the 32-bit fast
+    path as long as one head's rows fit (bhsd: seqlen * head_dim < 2^31), while
+    (batch, seqlen, heads, dim) with 600k tokens x 32 heads x 128 does not (issue #11).
+    """
+    return (seqlen + block_rows) * abs(row_stride) + head_dim_pad > INT32_MAX
 
 
 def _bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
+    """(batch, head, seq) strides; a varlen tensor's batch stride is 0 (cu_seqlens places it)."""
+    if layout == "thd":
+        return 0, t.stride(1), t.stride(0)
     if layout == "bshd":
         return t.stride(0), t.stride(2), t.stride(1)
     return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _gluon_sm90_choice(q, k, v, *, layout, causal, window, softcap):
+    """The Gluon sm_90 kernel's config where its committed dispatch table says it measured
+    faster (bench/sm90_dispatch_table.py), else None.  Its module imports Gluon, whose API
+    changes between Triton releases, so it is imported only on the versions it was checked on."""
+    if not q.is_cuda or triton.__version__ not in GLUON_SM90_TRITON_VERSIONS:
+        return None
+    from attnlab.kernels.forward_sm90 import dispatch_config
+
+    return dispatch_config(q, k, v, layout=layout, causal=causal, window=window, softcap=softcap)
 
 
 def flash_forward(
@@ -190,22 +247,60 @@ def flash_forward(
     layout: str, scale: float, causal: bool = False,
     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
     config: ForwardConfig | None = None,
+    cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel on already-validated tensors.
 
-    ``layout`` names the tensors' dimension order: ``"bshd"`` (flash-attn) or
-    ``"bhsd"`` (SDPA).  Returns O in the same layout and LSE as (batch, heads,
-    seqlen_q) float32, natural log.  Causal is bottom-right aligned.
+    ``layout`` names the tensors' dimension order: ``"bshd"`` (flash-attn),
+    ``"bhsd"`` (SDPA) or ``"thd"`` (varlen: (total_tokens, heads, head_dim), with
+    ``cu_seqlens_q/k`` int32 (batch + 1,) cumulative lengths on q's device and
+    ``max_seqlen_q/k`` at least every sequence's length; the caller checked them,
+    see ``attnlab.api.flash_attn_varlen_func``).  Returns O in the same layout and LSE
+    float32, natural log: (batch, heads, seqlen_q), or (heads, total_q) for ``thd``
+    (flash-attn's varlen layout).  Causal is bottom-right aligned, per sequence.
     """
-    if layout == "bshd":
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
-        out = torch.empty((batch, seqlen_q, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    is_varlen = layout == "thd"
+    if not is_varlen and config is None:
+        sm90_config = _gluon_sm90_choice(q, k, v, layout=layout, causal=causal, window=window,
+                                         softcap=softcap)
+        if sm90_config is not None:
+            from attnlab.kernels.forward_sm90 import flash_forward_sm90
+
+            return flash_forward_sm90(q, k, v, layout=layout, scale=scale, causal=causal,
+                                      config=sm90_config)
+    if is_varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None \
+                or max_seqlen_k is None:
+            raise ValueError("layout 'thd' needs cu_seqlens_q, cu_seqlens_k, max_seqlen_q and "
+                             "max_seqlen_k")
+        total_q, num_heads, head_dim = q.shape
+        num_kv_heads = k.shape[1]
+        batch = cu_seqlens_q.shape[0] - 1
+        seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+        out = torch.empty((total_q, num_heads, head_dim), dtype=q.dtype, device=q.device)
+        lse = torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
+        stride_lse = (0, lse.stride(0))
     else:
-        batch, num_heads, seqlen_q, head_dim = q.shape
-        num_kv_heads, seqlen_k = k.shape[1], k.shape[2]
-        out = torch.empty((batch, num_heads, seqlen_q, head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+            raise ValueError(f"cu_seqlens belong to layout 'thd', not {layout!r}")
+        if layout == "bshd":
+            batch, seqlen_q, num_heads, head_dim = q.shape
+            seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+            out = torch.empty((batch, seqlen_q, num_heads, head_dim), dtype=q.dtype,
+                              device=q.device)
+        else:
+            batch, num_heads, seqlen_q, head_dim = q.shape
+            num_kv_heads, seqlen_k = k.shape[1], k.shape[2]
+            out = torch.empty((batch, num_heads, seqlen_q, head_dim), dtype=q.dtype,
+                              device=q.device)
+        lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+        stride_lse = (lse.stride(0), lse.stride(1))
+    if batch == 0 or seqlen_q == 0 or out.numel() == 0:
+        lse.fill_(float("-inf"))
+        return out.zero_(), lse
 
     window_left, window_right = window
     if causal:
@@ -213,17 +308,25 @@ def flash_forward(
     has_left, has_right = window_left >= 0, window_right >= 0
     head_dim_pad = head_dim_padded(head_dim)
     if config is None:
+        # Varlen takes the tiles tuned for its longest sequence.
         shape = AttentionShape(batch=batch, query_heads=num_heads, kv_heads=num_kv_heads,
-                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
+                               seqlen_q=seqlen_q, seqlen_k=max(seqlen_k, 1), head_dim=head_dim,
                                dtype=DTYPE_NAMES[q.dtype], causal=causal, window=tuple(window))
         config = forward_config(shape, interpreted=kernel_is_interpreted())
 
-    grid = (triton.cdiv(seqlen_q, config.block_m), batch * num_heads)
+    q_strides, k_strides, v_strides, o_strides = (
+        _bhs_strides(t, layout) for t in (q, k, v, out))
+    offsets_64 = (
+        any(offsets_need_int64(seqlen_q, s[2], config.block_m, head_dim_pad)
+            for s in (q_strides, o_strides))
+        or any(offsets_need_int64(seqlen_k, s[2], config.block_n, head_dim_pad)
+               for s in (k_strides, v_strides)))
+    num_m_blocks = triton.cdiv(seqlen_q, config.block_m)
+    grid = (num_m_blocks * batch * num_heads,)
     _attn_fwd[grid](
-        q, k, v, out, lse,
-        *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
-        *_bhs_strides(out, layout),
-        num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k,
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+        *q_strides, *k_strides, *v_strides, *o_strides, *stride_lse,
+        num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_m_blocks,
         max(window_left, 0), max(window_right, 0),
         scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
@@ -231,37 +334,7 @@ def flash_forward(
         HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
         REVERSE_M=has_right,
         UPCAST_DOT=kernel_is_interpreted() and q.dtype == torch.bfloat16,
+        IS_VARLEN=is_varlen, OFFSETS_64=offsets_64,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out, lse
-
-
-# ---------------------------------------------------------------------------
-# Custom op: torch.compile sees one opaque node; autograd says plainly that the
-# backward is not ours yet instead of differentiating something else.
-# ---------------------------------------------------------------------------
-
-@torch.library.custom_op("attnlab::flash_fwd", mutates_args=())
-def flash_fwd_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, scale: float,
-    causal: bool, window_left: int, window_right: int, softcap: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return flash_forward(q, k, v, layout=layout, scale=scale, causal=causal,
-                         window=(window_left, window_right), softcap=softcap)
-
-
-@flash_fwd_op.register_fake
-def _(q, k, v, layout, scale, causal, window_left, window_right, softcap):
-    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if layout == "bshd" else q.shape[:3]
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
-        lse_shape, dtype=torch.float32)
-
-
-def _no_backward(ctx, grad_out, grad_lse):
-    raise NotImplementedError(
-        "attnlab's Triton attention has no backward kernel yet; use impl='reference' "
-        "or torch SDPA for training")
-
-
-flash_fwd_op.register_autograd(_no_backward)
-

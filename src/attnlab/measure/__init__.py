@@ -6,7 +6,8 @@
 - :mod:`timing`: CUDA-event timing (CPU fallback with ``time.perf_counter``).
 - :mod:`dispatch`: which kernels a call actually launched (``torch.profiler``).
 - :mod:`ncu`: the Nsight Compute command and its CSV parser.
-- :mod:`cache_model`: a cache-aware estimate of the DRAM bytes ncu measures.
+- :mod:`profile`: the one Chrome-trace reader and kernel classifier.
+- :mod:`compare`: ncu's DRAM bytes vs the cache-aware model (:mod:`attnlab.model.cache`).
 - :mod:`sweep` and :mod:`plots`: sequence-length sweeps and their figures.
 
 Nothing here is imported by ``attnlab`` itself: torch-heavy modules load lazily.

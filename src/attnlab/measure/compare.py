@@ -2,7 +2,7 @@
 
 A case is one provider call on one shape; its measured kernels come from ncu (the
 kernels inside the case's NVTX range), its predictions from
-:mod:`attnlab.measure.cache_model` and the logical model.  Kernels are matched to
+:mod:`attnlab.model.cache` and the logical model.  Kernels are matched to
 predictions by role (GEMM, scale, mask, softmax, attention, split, combine) in
 launch order, after back-to-back launches of one elementwise kernel (a pass split
 into 32-bit-indexable chunks) are summed into one; measured kernels the provider's
@@ -17,9 +17,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from attnlab.measure import cache_model
-from attnlab.measure.dispatch import is_gemm
 from attnlab.measure.ncu import NcuKernel
+from attnlab.measure.profile import is_gemm
+from attnlab.model import cache as cache_model
 from attnlab.shapes import AttentionShape
 
 # The goal of issue 5: the cache-aware estimate within 15% of measured DRAM bytes.
@@ -34,6 +34,33 @@ _ROLE_PATTERNS = (
     ("softmax", re.compile(r"softmax", re.I)),
     ("mask_build", re.compile(r"FillFunctor|triu_tril|bitwise_not", re.I)),
 )
+
+
+# Providers the cache model predicts: the peers from their shape, attnlab from its
+# kernel's tile configuration for the shape (the model itself never imports kernels).
+PREDICTED_PROVIDERS = (*cache_model.PREDICTORS, "attnlab")
+
+
+def predict(provider: str, shape: AttentionShape,
+            hw: cache_model.CacheHardware = cache_model.H200) -> list[cache_model.PredictedKernel]:
+    """The cache model's kernels for one provider call, in launch order."""
+    if provider == "attnlab":
+        from attnlab.kernels.configs import forward_config, head_dim_padded
+
+        config = forward_config(shape)
+        return cache_model.predict_attnlab(
+            shape, hw, block_m=config.block_m, block_n=config.block_n,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+            head_dim_padded=head_dim_padded(shape.head_dim))
+    if provider not in cache_model.PREDICTORS:
+        raise ValueError(f"the cache model covers providers {', '.join(PREDICTED_PROVIDERS)}; "
+                         f"got {provider!r}")
+    return cache_model.predict(provider, shape, hw)
+
+
+def predicted_kernel_count(provider: str, shape: AttentionShape) -> int | None:
+    """Kernels the cache model predicts one call launches; None for an unmodelled provider."""
+    return len(predict(provider, shape)) if provider in PREDICTED_PROVIDERS else None
 
 
 def kernel_role(name: str, gemm_index: int = 0) -> str:
@@ -164,7 +191,7 @@ def merge_chunked_launches(kernels: Sequence[NcuKernel]) -> list[NcuKernel]:
 def compare_case(provider: str, shape: AttentionShape, kernels: Sequence[NcuKernel],
                  hw: cache_model.CacheHardware = cache_model.H200) -> CaseComparison:
     """Pair a case's measured kernels with the cache model's prediction, role by role."""
-    predicted = cache_model.predict(provider, shape, hw)
+    predicted = predict(provider, shape, hw)
     kernels = merge_chunked_launches(kernels)
     roles = measured_roles(kernels)
     pairs: list[KernelPair] = []
@@ -212,3 +239,58 @@ def markdown_table(comparisons: Sequence[CaseComparison]) -> str:
             f"{_mb(c.logical_bytes)} | {_pct(c.logical_relative_error)} | "
             f"{'yes' if c.meets_goal else 'NO'} |")
     return "\n".join(lines) + "\n"
+
+
+# ----- a whole ncu run: every case compared, and its counters as records ---------------------
+COMPARISON_HEADER = ("Predicted (cache-aware model) vs measured (ncu --clock-control none) DRAM "
+                     "bytes of one call; MB = 10^6 bytes.\n\n")
+
+
+def compare_cases(kernels: Sequence[NcuKernel],
+                  hw: cache_model.CacheHardware = cache_model.H200) -> list[CaseComparison]:
+    """One comparison per attnlab case label among ``kernels`` whose provider is predicted.
+
+    A foreign label (e.g. the peer anchors' ranges) has no shape to predict from and is
+    left out, as is a provider the cache model does not cover.
+    """
+    from attnlab.measure.ncu import group_by_case, parse_case_label
+
+    comparisons = []
+    for label, case_kernels in group_by_case(kernels).items():
+        try:
+            provider, _phase, shape = parse_case_label(label)
+        except (ValueError, KeyError, StopIteration):
+            continue
+        if provider in PREDICTED_PROVIDERS:
+            comparisons.append(compare_case(provider, shape, case_kernels, hw))
+    return comparisons
+
+
+def comparison_markdown(comparisons: Sequence[CaseComparison]) -> str:
+    """The committed ``cache_model_vs_ncu.md``: a one-line header and the table."""
+    return COMPARISON_HEADER + markdown_table(comparisons)
+
+
+def ncu_records(kernels: Sequence[NcuKernel], env: dict) -> list[dict]:
+    """DRAM bytes read, written and the duration of every kernel, as bench records."""
+    from attnlab.measure import records as rec
+    from attnlab.measure.ncu import group_by_case, parse_case_label
+    from attnlab.measure.profile import short_name
+
+    out = []
+    for label, case_kernels in group_by_case(kernels).items():
+        try:
+            provider, phase, shape = parse_case_label(label)
+        except (ValueError, KeyError, StopIteration):
+            continue
+        for index, k in enumerate(case_kernels):
+            name = f"{index}:{short_name(k.name, 120)}"
+            for metric, unit, value in (("dram_bytes_read", "byte", k.dram_bytes_read),
+                                        ("dram_bytes_write", "byte", k.dram_bytes_write),
+                                        ("duration", "ns", k.duration_ns)):
+                if value is not None:
+                    out.append(rec.make_record(
+                        kernel=name, provider=provider, phase=phase, shape=shape, metric=metric,
+                        unit=unit, p20=value, p50=value, p80=value, repeats=1, env=env,
+                        kernel_names=[k.name]))
+    return out

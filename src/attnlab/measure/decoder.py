@@ -7,7 +7,7 @@ model runs once with eager attention and once with attnlab's kernel, and everyth
 else stays byte-for-byte the same.
 
 The attention core always runs inside ``torch.profiler.record_function("attention")``:
-that scope is how :mod:`attnlab.report.trace` attributes the eager path's batched
+that scope is how :mod:`attnlab.measure.profile` attributes the eager path's batched
 matrix multiplies (which have GEMM kernel names) to attention rather than to the MLP.
 Only the core (QK^T, mask, softmax, PV) is inside it; the projections are not, to
 match the lesson's split of prefill time into attention and MLP/norms/projections.
@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+
+from attnlab.checks import check_int
 
 # Scope name the classifier's default ``attention_scopes`` pattern matches exactly.
 ATTENTION_SCOPE = "attention"
@@ -43,8 +45,7 @@ class DecoderConfig:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"DecoderConfig.{name} must be a positive int, got {value!r}")
+            check_int(f"DecoderConfig.{name}", value, minimum=1)
         if self.query_heads % self.kv_heads:
             raise ValueError(f"DecoderConfig.kv_heads ({self.kv_heads}) must divide "
                              f"query_heads ({self.query_heads})")

@@ -10,8 +10,9 @@ speedup with Amdahl's law -- then run the prefill with attnlab's kernel and comp
 in the model vs in isolation, non-attention time that moved, profiler overhead), so
 the "likely causes" are measured, not guessed.
 
-This module is the one place under ``report/`` that launches kernels; it exists so
-the report's arithmetic is checked on hardware, and it never runs in CI.
+It launches kernels, so it lives in ``measure/``; the report turns its record into
+a workload (:mod:`attnlab.report.measurement`) and never launches anything.  It
+exists so the report's arithmetic is checked on hardware, and it never runs in CI.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.api import last_impl
+from attnlab.measure.profile import TraceSummary, classify_trace, load_trace
 from attnlab.model.amdahl import amdahl_speedup
-from attnlab.report.trace import TraceSummary, classify_trace, load_trace
-from attnlab.report.workload import Workload, parse_workload
 
 # Sized for one H200 in seconds: 8 Llama-style layers (0.9B parameters), 16 heads of
 # d=128 at 4,096 tokens, FP16 -- the lesson's head geometry and prompt length.
@@ -139,7 +139,8 @@ def run_measurement(config=None, *, device="cuda", dtype=None, candidate=None,
 
     ``candidate`` is an attention core ``(q, k, v) -> o`` in the bhsd layout, causal;
     by default attnlab's Triton kernel.  Returns the measurement record (every number,
-    plus both trace summaries) that :func:`measurement_workload` turns into a report.
+    plus both trace summaries) that :func:`attnlab.report.measurement.measurement_workload`
+    turns into a report.
     """
     import torch
 
@@ -229,34 +230,3 @@ def run_measurement(config=None, *, device="cuda", dtype=None, candidate=None,
         "trace_files": [str(trace_dir / "prefill-eager.trace.json"),
                         str(trace_dir / "prefill-candidate.trace.json")],
     }
-
-
-def measurement_workload(measurement: dict[str, Any]) -> Workload:
-    """The measured prefill as a report workload: one segment, split by the eager trace."""
-    config = measurement["config"]
-    shares = measurement["traces"]["eager"]["shares"]
-    eager_ms = measurement["eager_ms"]
-    return parse_workload({
-        "title": f"Measured prefill: {measurement['model'].split(',')[0]} decoder, random weights",
-        "workload": {
-            "model": measurement["model"], "parameters": measurement["parameters"],
-            "layers": config["layers"], "query_heads": config["query_heads"],
-            "kv_heads": config["kv_heads"], "head_dim": config["head_dim"],
-            "dtype": measurement["dtype"],
-            "prompt_tokens": config["prompt_tokens"],
-        },
-        "segments": [{
-            "name": "prefill", "ms": eager_ms,
-            "source": f"CUDA events, median of {measurement['repeats']} (eager attention)",
-            "parts": {name: share * eager_ms for name, share in shares.items()},
-            "note": f"split by the profiler trace ({measurement['device']})",
-        }],
-        "proposal": {
-            "change": f"replace eager attention with {measurement['candidate']}",
-            "segment": "prefill", "part": "attention",
-            "kernel_speedup": measurement["kernel_speedup"],
-            "speedup_source": (f"measured: attention alone {measurement['kernel_eager_ms']:.3f} ms "
-                               f"eager / {measurement['kernel_candidate_ms']:.3f} ms candidate, "
-                               f"median of {measurement['repeats']}"),
-        },
-    }, origin=f"attnlab report --measure on {measurement['device']}")

@@ -31,7 +31,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -452,11 +452,15 @@ def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
 def run_ncu(cases: Sequence[tuple[str, str, AttentionShape]], out_dir: str | Path, *,
             ncu: str | None = None, metrics: Sequence[str] = tuple(METRICS),
             timeout_s: float = 600.0, python: str = sys.executable,
-            device: str = "cuda") -> NcuRun:
+            device: str = "cuda",
+            kernel_counts: Callable[[str, AttentionShape], int | None] | None = None) -> NcuRun:
     """Profile (provider, phase, shape) cases in one ncu session; parse and save its CSVs.
 
     ``device`` is where the target runs the cases ("cpu" only for testing this
-    orchestration with a stand-in for ncu)."""
+    orchestration with a stand-in for ncu).  ``kernel_counts(provider, shape)``: how
+    many kernels a case launches (None: unknown), used only when ncu gives no NVTX
+    names, to assign kernels to cases by launch order
+    (:func:`attnlab.measure.compare.predicted_kernel_count` is the cache model's)."""
     ncu = ncu or find_ncu()
     if ncu is None:
         raise RuntimeError("ncu (Nsight Compute) is not on PATH, in $NCU or in /usr/local/cuda/bin")
@@ -497,12 +501,11 @@ def run_ncu(cases: Sequence[tuple[str, str, AttentionShape]], out_dir: str | Pat
     status = json.loads(status_path.read_text()) if status_path.exists() else {}
     failed = {label: s for label, s in status.items() if s != "ok"}
     if kernels and not any(k.case for k in kernels):
-        from attnlab.measure.cache_model import PREDICTORS, predict
-
         ran = [(label, (p, s)) for label, (p, _, s) in zip(labels, cases, strict=True)
                if status.get(label) == "ok"]
-        expected = [(label, len(predict(p, s))) for label, (p, s) in ran] \
-            if all(p in PREDICTORS for _, (p, _) in ran) else []
+        counts = [(label, kernel_counts(p, s) if kernel_counts else None)
+                  for label, (p, s) in ran]
+        expected = counts if all(count is not None for _, count in counts) else []
         if expected and assign_by_launch_order(kernels, expected):
             notes.append("ncu gave no NVTX range names; kernels were assigned to cases by "
                          "launch order, using the kernel counts the cache model predicts")

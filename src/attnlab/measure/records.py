@@ -1,4 +1,4 @@
-"""Measured records: one JSON object per line under ``bench/results/*.jsonl``.
+"""Measured records: one JSON object per line in ``*.jsonl`` files, a tidy CSV beside each.
 
 Every record is one measurement of one thing (long, tidy format) and carries what
 it takes to reproduce and to trust it: the exact shape, the provider and the
@@ -11,19 +11,33 @@ Keys (the contract every reader relies on)::
     tflops, tbps, kernel_names, gpu, torch, triton, driver, git_commit,
     timestamp, command
 
+Optional keys (absent from records written before they existed): ``reason`` (below);
+``cuda_runtime`` / ``cudnn``, the CUDA runtime torch was built with and the cuDNN it
+loaded (``None`` on a machine without CUDA); ``timing_method``, how the timer took the
+samples (``"cuda-graph, flush=l2, warmup=3"``: :meth:`attnlab.measure.timing.Timing.describe_method`).
+
 ``kernel`` names what was measured: ``"call"`` for a whole provider call (all the
 kernels it launched, listed in ``kernel_names``), or one kernel's short name for
 per-kernel rows (``attnlab ncu``).  A provider that could not run is recorded too,
-as ``metric="skipped"`` with its ``reason`` (the only optional key) and no numbers,
-so "not measured" is never confused with "forgotten".
+as ``metric="skipped"`` with its ``reason`` and no numbers, so "not measured" is never
+confused with "forgotten".
 
 Writing is an upsert: a record replaces the stored one with the same key
 ``(kernel, provider, phase, shape, metric, gpu)``, so re-running a command updates
-its rows instead of duplicating them.
+its rows instead of duplicating them.  Every write also rewrites ``<stem>.records.csv``
+beside the JSONL: one row per record, the shape spread into columns, the reproducing
+command last (FlashInfer's benchmark format), for pandas or a spreadsheet.
+
+Where results live: the committed H200 results ship inside the package
+(``attnlab/data/results``, read through :func:`committed_results`), so the demo, the
+explainer and the report find them from an installed wheel in any folder;
+:func:`results_dir` is what every reader calls, honouring a user's own folder.
 """
 
 from __future__ import annotations
 
+import csv
+import importlib.resources
 import json
 import math
 import os
@@ -41,12 +55,45 @@ RECORD_KEYS = (
     "tflops", "tbps", "kernel_names", "gpu", "torch", "triton", "driver", "git_commit",
     "timestamp", "command",
 )
-OPTIONAL_KEYS = ("reason",)
+OPTIONAL_KEYS = ("reason", "cuda_runtime", "cudnn", "timing_method")
 KEY_FIELDS = ("kernel", "provider", "phase", "shape", "metric", "gpu")
 ENVIRONMENT_KEYS = ("gpu", "torch", "triton", "driver", "git_commit", "timestamp", "command")
+# Captured by environment() and copied into records when present; optional in old records.
+ENVIRONMENT_OPTIONAL_KEYS = ("cuda_runtime", "cudnn")
 SKIPPED = "skipped"
-# Where committed results live, relative to the repository root.
-RESULTS_DIR = Path("bench") / "results"
+# The tidy CSV written beside every records file: <stem>.records.csv.
+CSV_SUFFIX = ".records.csv"
+SHAPE_COLUMNS = ("batch", "query_heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim", "dtype",
+                 "causal", "window_left", "window_right")
+CSV_COLUMNS = ("kernel", "provider", "phase", *SHAPE_COLUMNS, "metric", "unit", "p20", "p50",
+               "p80", "repeats", "tflops", "tbps", "timing_method", "kernel_names", "reason",
+               "gpu", "torch", "triton", "cuda_runtime", "cudnn", "driver", "git_commit",
+               "timestamp", "command")
+
+
+# ----- where results live ------------------------------------------------------------------
+def committed_results() -> Path:
+    """The committed H200 results shipped inside the package (``attnlab/data/results``):
+    records (``*.jsonl``), Nsight Compute CSVs and summaries (``ncu/``), kernel lists,
+    plots.  A real folder both in a checkout (where ``bench/results`` links to it) and
+    in an installed wheel."""
+    folder = importlib.resources.files("attnlab") / "data" / "results"
+    if not isinstance(folder, Path) or not folder.is_dir():
+        raise FileNotFoundError(f"attnlab's shipped results are missing ({folder}): the "
+                                f"package was installed without its data files")
+    return folder
+
+
+def results_dir(records_dir: str | Path | None = None, *, option: str = "--records") -> Path:
+    """Where readers take records from: ``records_dir`` (a user's ``--records DIR``; the
+    error names ``option``) when given, else the shipped :func:`committed_results`."""
+    if records_dir is None:
+        return committed_results()
+    folder = Path(records_dir)
+    if not folder.exists():
+        raise ValueError(f"{option} {str(folder)!r} does not exist: pass a folder of *.jsonl "
+                         f"records (or a .jsonl file)")
+    return folder
 
 
 # ----- environment -----------------------------------------------------------------------
@@ -62,22 +109,27 @@ def _run_quiet(argv: list[str], cwd: Path | None = None) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def repository_root() -> Path:
-    """The checkout this package runs from (src/attnlab/measure -> three levels up)."""
-    return Path(__file__).resolve().parents[3]
+def _checkout_root() -> Path | None:
+    """The git checkout this package runs from (an editable install or PYTHONPATH=src), or
+    None for an installed copy: the enclosing repository must hold this very package."""
+    package = Path(__file__).resolve().parents[1]
+    top = _run_quiet(["git", "rev-parse", "--show-toplevel"], cwd=package)
+    if top is None or (Path(top) / "src" / "attnlab").resolve() != package:
+        return None
+    return Path(top)
 
 
 def git_commit() -> str:
     """HEAD of the checkout, with ``-dirty`` when tracked files differ from it.
 
-    A copy of the tree without ``.git`` (the GPU machine gets one) reports that
-    plainly unless ``ATTNLAB_GIT_COMMIT`` names the commit it was copied from.
+    A copy of the tree without ``.git`` (the GPU machine gets one) or an installed
+    wheel reports that plainly unless ``ATTNLAB_GIT_COMMIT`` names the commit.
     """
     override = os.environ.get("ATTNLAB_GIT_COMMIT")
     if override:
         return override
-    root = repository_root()
-    head = _run_quiet(["git", "rev-parse", "HEAD"], cwd=root)
+    root = _checkout_root()
+    head = None if root is None else _run_quiet(["git", "rev-parse", "HEAD"], cwd=root)
     if head is None:
         return "unknown (no git checkout; set ATTNLAB_GIT_COMMIT)"
     dirty = _run_quiet(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
@@ -106,6 +158,28 @@ def triton_version() -> str:
     return triton.__version__
 
 
+def cuda_runtime_version() -> str | None:
+    """The CUDA runtime torch was built with and ships (``torch.version.cuda``); None for
+    a CPU build."""
+    import torch
+
+    return torch.version.cuda
+
+
+def cudnn_version() -> str | None:
+    """The cuDNN torch loaded, as major.minor.patch; None without CUDA or cuDNN."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.backends.cudnn.is_available():
+        return None
+    number = torch.backends.cudnn.version()
+    if number is None:
+        return None
+    # cuDNN 9 encodes major * 10000 + minor * 100 + patch; cuDNN 8, major * 1000 + ...
+    major_unit = 10000 if number >= 90000 else 1000
+    return f"{number // major_unit}.{number % major_unit // 100}.{number % 100}"
+
+
 def timestamp_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -122,6 +196,8 @@ def environment(command: str) -> dict:
         "torch": torch.__version__,
         "triton": triton_version(),
         "driver": driver_version() if torch.cuda.is_available() else None,
+        "cuda_runtime": cuda_runtime_version(),
+        "cudnn": cudnn_version(),
         "git_commit": git_commit(),
         "timestamp": timestamp_now(),
         "command": command,
@@ -186,15 +262,17 @@ def validate_record(record: dict) -> dict:
     names = record["kernel_names"]
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise TypeError(f"kernel_names must be a list of strings, got {names!r}")
-    if record["driver"] is not None and not isinstance(record["driver"], str):
-        raise TypeError(f"driver must be a string or None, got {record['driver']!r}")
+    for key in ("driver", "timing_method", *ENVIRONMENT_OPTIONAL_KEYS):
+        if record.get(key) is not None and not isinstance(record[key], str):
+            raise TypeError(f"{key} must be a string or None, got {record[key]!r}")
     return record
 
 
 def make_record(*, kernel: str, provider: str, phase: str, shape, metric: str, unit: str,
                 p20: float | None, p50: float | None, p80: float | None, repeats: int,
                 env: dict, tflops: float | None = None, tbps: float | None = None,
-                kernel_names: Iterable[str] = (), reason: str | None = None) -> dict:
+                kernel_names: Iterable[str] = (), reason: str | None = None,
+                timing_method: str | None = None) -> dict:
     """One validated record; ``env`` comes from :func:`environment`."""
     if isinstance(kernel_names, str):
         raise TypeError(f"kernel_names must be a list of strings, got the string {kernel_names!r}")
@@ -208,9 +286,12 @@ def make_record(*, kernel: str, provider: str, phase: str, shape, metric: str, u
         "repeats": repeats, "tflops": tflops, "tbps": tbps,
         "kernel_names": list(kernel_names),
         **{k: env[k] for k in ENVIRONMENT_KEYS},
+        **{k: env[k] for k in ENVIRONMENT_OPTIONAL_KEYS if k in env},
     }
     if reason is not None:
         record["reason"] = reason
+    if timing_method is not None:
+        record["timing_method"] = timing_method
     return validate_record(record)
 
 
@@ -263,7 +344,8 @@ def upsert_records(path: str | Path, records: Iterable[dict]) -> tuple[int, int]
     """Write records into ``path`` (created if missing), replacing those with the same key.
 
     Stored order is kept; replaced records stay in place, new ones are appended.
-    Returns (added, replaced).  The file is rewritten atomically.
+    Returns (added, replaced).  The file is rewritten atomically, and its tidy CSV
+    (:func:`write_csv`) with it.
     """
     path = Path(path)
     stored = _read_jsonl(path) if path.exists() else []
@@ -284,11 +366,46 @@ def upsert_records(path: str | Path, records: Iterable[dict]) -> tuple[int, int]
     tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in stored),
                    encoding="utf-8")
     tmp.replace(path)
+    write_csv(stored, csv_path(path))
     return added, replaced
+
+
+def csv_path(jsonl_path: str | Path) -> Path:
+    """``results/measure.jsonl`` -> ``results/measure.records.csv``."""
+    path = Path(jsonl_path)
+    return path.with_name(path.name.removesuffix(".jsonl") + CSV_SUFFIX)
+
+
+def csv_row(record: dict) -> dict:
+    """One record as one flat CSV row (:data:`CSV_COLUMNS`); absent values are empty."""
+    shape = dict(record.get("shape") or {})
+    window = shape.pop("window", None)
+    row = {key: record.get(key) for key in CSV_COLUMNS if key not in SHAPE_COLUMNS}
+    row.update({key: shape.get(key) for key in SHAPE_COLUMNS})
+    if window is not None:
+        row["window_left"], row["window_right"] = window
+    row["kernel_names"] = ";".join(record.get("kernel_names") or [])
+    return {key: "" if row[key] is None else row[key] for key in CSV_COLUMNS}
+
+
+def write_csv(records: Iterable[dict], path: str | Path) -> Path:
+    """Write records as a tidy CSV (one row per measurement, header first); atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for record in records:
+            writer.writerow(csv_row(record))
+    tmp.replace(path)
+    return path
 
 
 def describe_environment(env: dict) -> str:
     """One line for table captions: where and with what the numbers were measured."""
-    return (f"{env['gpu']} | torch {env['torch']} | triton {env['triton']} | "
+    cuda = (f"CUDA {env['cuda_runtime']} | cuDNN {env.get('cudnn') or 'n/a'} | "
+            if env.get("cuda_runtime") else "")
+    return (f"{env['gpu']} | torch {env['torch']} | triton {env['triton']} | {cuda}"
             f"driver {env['driver'] or 'n/a'} | commit {env['git_commit'][:12]} | "
             f"{env['timestamp']}")

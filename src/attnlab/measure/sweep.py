@@ -5,10 +5,8 @@ For each (phase, provider, length) point:
 1. **can it run?**  The provider's reason if not: recorded as a ``skipped`` row.
 2. **is it right?**  Its output is checked against ``attnlab.reference.naive`` in
    float64 on the last query rows (bottom-right alignment makes those rows'
-   visible keys identical to the full problem's), allowing twice the error of the
-   same computation in the input dtype plus the dtype's rounding of the answer:
-   :mod:`attnlab.accuracy`'s rule on those rows, with a rounding floor no looser
-   than its (no LSE here: not every provider returns one).  A wrong answer is
+   visible keys identical to the full problem's) by :mod:`attnlab.accuracy`'s rule,
+   the one every kernel is held to (no LSE here: not every provider returns one).  A wrong answer is
    recorded as skipped, with the error, and never timed.
 3. **what ran?**  On a GPU the call runs once under ``torch.profiler`` and the
    kernel names go into the row, so "SDPA" always says which SDPA.
@@ -21,7 +19,6 @@ Decode points have one query token and the sweep's length as the KV length.
 
 from __future__ import annotations
 
-import math
 import shlex
 import time
 from collections.abc import Sequence
@@ -50,6 +47,7 @@ def sweep_length(shape: AttentionShape, phase: str) -> int:
 
 
 def flops(shape: AttentionShape, phase: str) -> int:
+    """Exact FLOPs of one point: the pairs the mask permits (``attention_flops``)."""
     from attnlab.model.flops import attention_flops, backward_flops
 
     forward = attention_flops(shape)
@@ -72,29 +70,29 @@ class CheckResult:
     rows: int
     error: float
     allowed: float
-
-    @property
-    def passed(self) -> bool:
-        return math.isfinite(self.error) and self.error <= self.allowed
+    passed: bool
 
 
 def check_output(out, inputs: tuple, p: Provider, shape: AttentionShape, *,
                  rows: int = DEFAULT_CHECK_ROWS) -> CheckResult:
-    """Compare the last ``rows`` query rows of ``out`` with the float64 reference."""
-    from attnlab.reference import naive
+    """Judge the last ``rows`` query rows of ``out`` by :func:`attnlab.accuracy.check_accuracy`.
+
+    Bottom-right alignment makes the last rows' visible keys those of the full problem,
+    so those rows alone are the same problem with a shorter query (no LSE: not every
+    provider returns one).
+    """
+    from attnlab.accuracy import check_accuracy
 
     q, k, v = (to_bhsd(t.detach(), p.input_layout) for t in inputs[:3])
     out = to_bhsd(out.detach(), p.output_layout)
     rows = min(rows, shape.seqlen_q)
-    q_rows = q[:, :, -rows:, :]
-    options = {"causal": shape.causal, "scale": shape.softmax_scale, "window": shape.window}
-    exact = naive(q_rows.double(), k.double(), v.double(), **options)
-    same_dtype = naive(q_rows, k, v, **options)
-    got = out[:, :, -rows:, :].double()
-    error = (got - exact).abs().max().item()
-    yardstick = (same_dtype.double() - exact).abs().max().item()
-    rounding = (exact.to(q.dtype).double() - exact).abs().max().item()
-    return CheckResult(rows, error, 2 * yardstick + 2 * rounding + 1e-6)
+    verdict = check_accuracy(out[:, :, -rows:, :], None, q[:, :, -rows:, :], k, v,
+                             causal=shape.causal, scale=shape.softmax_scale, window=shape.window)
+    return CheckResult(rows, verdict.error, verdict.allowed + ALLOWANCE_SLACK, verdict.passed)
+
+
+# check_accuracy's own additive slack (its rule is error <= allowed + 1e-6).
+ALLOWANCE_SLACK = 1e-6
 
 
 @dataclass
@@ -120,17 +118,38 @@ def point_command(p: Provider, phase: str, shape: AttentionShape, options: dict)
             "--causal" if shape.causal else "--no-causal"]
     if shape.has_window:
         argv += ["--window", f"{shape.window[0]},{shape.window[1]}"]
-    if options.get("cuda_graph"):
-        argv.append("--cuda-graph")
+    if options.get("cuda_graph") is not None:
+        argv.append("--cuda-graph" if options["cuda_graph"] else "--no-cuda-graph")
     if options.get("flush") not in (None, "l2"):
         argv += ["--flush", options["flush"]]
     return shlex.join(argv)
 
 
+def conventional_flops(shape: AttentionShape, phase: str) -> int:
+    """The benchmark convention ``4 B H Nq Nk d``, halved when causal (the peers' anchors,
+    flash-attn's benchmarks): use it to compare with numbers reported that way."""
+    from attnlab.model.flops import BACKWARD_MATMUL_FLOPS_PER_PAIR_PER_DIM as BACKWARD
+    from attnlab.model.flops import MATMUL_FLOPS_PER_PAIR_PER_DIM as FORWARD
+    from attnlab.model.flops import conventional_attention_flops
+
+    forward = conventional_attention_flops(shape)
+    return forward + forward * BACKWARD // FORWARD if phase == "fwdbwd" else forward
+
+
+FLOP_COUNTS = {"exact": flops, "conventional": conventional_flops}
+
+
 def measure_point(p: Provider, shape: AttentionShape, phase: str, *, device: str,
                   env: dict, timing: dict | None = None, check_rows: int = DEFAULT_CHECK_ROWS,
-                  prove_kernels: bool = True) -> PointResult:
-    """Check, prove and time one provider on one shape; a skipped record on any failure."""
+                  prove_kernels: bool = True, flop_count: str = "exact") -> PointResult:
+    """Check, prove and time one provider on one shape; a skipped record on any failure.
+
+    ``flop_count``: "exact" (the mask's pairs) or "conventional" (4BHN^2d, halved
+    when causal) for the record's TFLOP/s.
+    """
+    if flop_count not in FLOP_COUNTS:
+        raise ValueError(f"flop_count must be one of {list(FLOP_COUNTS)}, got {flop_count!r}")
+    count_flops = FLOP_COUNTS[flop_count]
     from attnlab.measure.dispatch import profile_call
     from attnlab.measure.timing import time_call
 
@@ -158,7 +177,7 @@ def measure_point(p: Provider, shape: AttentionShape, phase: str, *, device: str
         sets = [inputs]
         if timing.get("flush") == "rotate":
             sets += [call.inputs(seed=s) for s in (1, 2, 3)]
-        result = time_call(call.call, sets, device=device, **timing)
+        result = time_call(call.unpinned_call, sets, device=device, context=call.pin, **timing)
     except Exception as error:  # the provider's own failure is a result too
         import torch
 
@@ -170,8 +189,9 @@ def measure_point(p: Provider, shape: AttentionShape, phase: str, *, device: str
     record = rec.make_record(
         kernel="call", provider=p.name, phase=phase, shape=shape, metric="latency", unit="ms",
         p20=result.p20, p50=result.p50, p80=result.p80, repeats=result.repeats, env=env,
-        tflops=flops(shape, phase) / seconds / 1e12,
-        tbps=compulsory_bytes(shape, phase) / seconds / 1e12, kernel_names=names)
+        tflops=count_flops(shape, phase) / seconds / 1e12,
+        tbps=compulsory_bytes(shape, phase) / seconds / 1e12, kernel_names=names,
+        timing_method=result.describe_method())
     return PointResult(p.name, phase, shape, record, result.p50, check)
 
 
@@ -179,7 +199,7 @@ def run_sweep(providers: Sequence[Provider], phases: Sequence[str], seqlens: Seq
               base: AttentionShape, *, device: str, env: dict, timing: dict | None = None,
               check_rows: int = DEFAULT_CHECK_ROWS, out: str | Path | None = None,
               deadline: float | None = None, progress: bool = True,
-              prove_kernels: bool = True) -> list[PointResult]:
+              prove_kernels: bool = True, flop_count: str = "exact") -> list[PointResult]:
     """Every (phase, provider, length) point, provider-major so one slow provider's
     compile (Flex) does not interleave; ``deadline`` (time.monotonic()) skips the rest."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -201,7 +221,8 @@ def run_sweep(providers: Sequence[Provider], phases: Sequence[str], seqlens: Seq
                 result = PointResult(p.name, phase, shape, record)
             else:
                 result = measure_point(p, shape, phase, device=device, env=env, timing=timing,
-                                       check_rows=check_rows, prove_kernels=prove_kernels)
+                                       check_rows=check_rows, prove_kernels=prove_kernels,
+                                       flop_count=flop_count)
             results.append(result)
             if device == "cuda":
                 import torch

@@ -1,28 +1,47 @@
-"""Timing one call: CUDA events on a GPU, ``time.perf_counter`` on the CPU.
+"""The project's one timer: CUDA events (or CUDA-graph replays) on a GPU,
+``time.perf_counter`` on the CPU.
 
-What a number means here (and is recorded with it):
+What a number means here (and is recorded with it, :meth:`Timing.describe_method`):
 
 * **warm-up first**: compilation, autotuning, allocator growth and lazy library
   initialisation happen before the first timed call;
+* **pins outside the timed region**: ``context`` (e.g. the ``sdpa_kernel`` backend
+  pin of a provider) is entered once around warm-up, capture and timing, never per
+  call — entering ``sdpa_kernel`` costs ~0.1 ms of Python, as much as a short kernel;
+* **short calls under CUDA-graph replay** (``cuda_graph=None``, the default): a call
+  whose first event-timed estimate is under :data:`GRAPH_PROBE_MS` is captured once
+  (inside ``context``, so the graph holds the pinned kernel); if a replay takes under
+  :data:`SHORT_CALL_MS`, the replays are timed, so Python and launch overhead leave
+  the number — the time a serving engine with graphs would see.  ``cuda_graph=True``/``False`` forces either way.  A short
+  call that cannot be captured is timed with events and the Timing says why
+  (``note``); it never changes method silently;
 * **cold L2 per call** (``flush="l2"``, the default on CUDA): a buffer twice the
   size of L2 is zeroed before every timed call, outside the timed interval, so a
   decode kernel cannot read last iteration's K/V from cache; or ``flush="rotate"``:
   successive calls cycle through several independent input sets;
 * **per-call samples**: one pair of events around each call, reported as p20 / p50
-  / p80 (the median is the statistic; the spread says how much to trust it);
-* **optional CUDA-graph replay** (``cuda_graph=True``): the call is captured once
-  and replayed, so Python and launch overhead leave the measurement — the number
-  a serving engine with graphs would see.
+  / p80 (the median is the statistic; the spread says how much to trust it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 FLUSH_MODES = ("l2", "rotate", "none")
+# Below this first estimate a call is timed under CUDA-graph replay: there, launch and
+# Python overhead (10-40 us per call) is a visible share of the kernel's own time.
+SHORT_CALL_MS = 0.1
+# Event-timed calls behind the first estimate (which picks graph replay or not).
+ESTIMATE_CALLS = 3
+# An event-timed estimate under this is probed with a graph capture: events around a
+# call also count the GPU's wait for a slow host, so a 50 us kernel behind 200 us of
+# Python looks long (the H200's d = 256 forward at N = 1k read 88 TFLOP/s event-timed
+# against 124 in an earlier run).  The graph replay's own time then decides.
+GRAPH_PROBE_MS = 1.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +52,7 @@ class Timing:
     method: str     # "cuda-event", "cuda-graph" or "perf-counter"
     flush: str      # one of FLUSH_MODES
     warmup: int
+    note: str | None = None   # why a short call was not graph-timed, when it was not
 
     @property
     def repeats(self) -> int:
@@ -50,9 +70,14 @@ class Timing:
     def p80(self) -> float:
         return percentile(self.samples_ms, 80)
 
+    def describe_method(self) -> str:
+        """How the samples were taken, in one line (records keep it as ``timing``)."""
+        text = f"{self.method}, flush={self.flush}, warmup={self.warmup}"
+        return f"{text} ({self.note})" if self.note else text
+
     def describe(self) -> str:
         return (f"median {self.p50:.4f} ms (p20 {self.p20:.4f}, p80 {self.p80:.4f}; "
-                f"{self.repeats} calls, {self.method}, flush={self.flush})")
+                f"{self.repeats} calls, {self.describe_method()})")
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -76,7 +101,8 @@ def choose_repeats(estimate_ms: float, *, target_ms: float, min_repeats: int,
     return max(min_repeats, min(max_repeats, math.ceil(target_ms / estimate_ms)))
 
 
-def _check_options(inputs, warmup, repeats, flush, min_repeats, max_repeats) -> None:
+def _check_options(inputs, warmup, repeats, flush, min_repeats, max_repeats, cuda_graph,
+                   context) -> None:
     if not isinstance(inputs, Sequence) or not inputs:
         raise ValueError("inputs must be a non-empty sequence of argument tuples")
     if flush not in FLUSH_MODES:
@@ -90,32 +116,43 @@ def _check_options(inputs, warmup, repeats, flush, min_repeats, max_repeats) -> 
         raise ValueError(f"repeats must be an int >= 1 or None (automatic), got {repeats!r}")
     if not 1 <= min_repeats <= max_repeats:
         raise ValueError(f"need 1 <= min_repeats <= max_repeats, got {min_repeats}, {max_repeats}")
+    if cuda_graph not in (None, True, False):
+        raise ValueError(f"cuda_graph must be None (automatic: graphs for calls under "
+                         f"{SHORT_CALL_MS} ms), True or False, got {cuda_graph!r}")
+    if context is not None and not callable(context):
+        raise TypeError(f"context must be a callable returning a context manager (e.g. a "
+                        f"provider's pin), got {type(context).__name__}")
 
 
 def time_call(fn: Callable, inputs: Sequence[tuple], *, device: str = "cuda", warmup: int = 3,
               repeats: int | None = None, target_ms: float = 100.0, min_repeats: int = 5,
               max_repeats: int = 200, flush: str | None = None,
-              cuda_graph: bool = False) -> Timing:
+              cuda_graph: bool | None = None, context: Callable | None = None) -> Timing:
     """Time ``fn(*inputs[i % len(inputs)])`` call by call.
 
     ``device`` is "cuda" (events, L2 flush by default) or "cpu" (perf_counter, no
     flush: there is no cache we can portably evict).  ``repeats=None`` picks enough
-    calls for ``target_ms`` of timed work from the warm-up's duration.
+    calls for ``target_ms`` of timed work from a first estimate.  ``cuda_graph``: None
+    times calls under :data:`SHORT_CALL_MS` as graph replays, True/False force it.
+    ``context``: a callable returning a context manager entered once around it all.
     """
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     if flush is None:
         flush = "l2" if device == "cuda" else "none"
-    _check_options(inputs, warmup, repeats, flush, min_repeats, max_repeats)
+    _check_options(inputs, warmup, repeats, flush, min_repeats, max_repeats, cuda_graph,
+                   context)
     if device == "cpu":
         if flush == "l2":
             raise ValueError("flush='l2' needs CUDA; on the CPU use flush='none' or 'rotate'")
         if cuda_graph:
             raise ValueError("cuda_graph=True needs CUDA")
-        return _time_cpu(fn, inputs, warmup, repeats, target_ms, min_repeats, max_repeats,
-                         flush)
-    return _time_cuda(fn, inputs, warmup, repeats, target_ms, min_repeats, max_repeats, flush,
-                      cuda_graph)
+    with context() if context is not None else contextlib.nullcontext():
+        if device == "cpu":
+            return _time_cpu(fn, inputs, warmup, repeats, target_ms, min_repeats, max_repeats,
+                             flush)
+        return _time_cuda(fn, inputs, warmup, repeats, target_ms, min_repeats, max_repeats,
+                          flush, cuda_graph)
 
 
 def _time_cpu(fn, inputs, warmup, repeats, target_ms, min_repeats, max_repeats,
@@ -151,7 +188,8 @@ class L2Flusher:
         self.buffer.zero_()
 
 
-def _capture_graphs(fn, inputs):
+def capture_graphs(fn: Callable, inputs: Sequence[tuple]) -> list[Callable]:
+    """One CUDA graph per input set of ``fn``; returns their replay functions."""
     import torch
 
     # Graph capture needs the call warmed up on a side stream first (allocator state).
@@ -171,6 +209,23 @@ def _capture_graphs(fn, inputs):
     return [graph.replay for graph in graphs]
 
 
+def _event_times(calls: Sequence[tuple[Callable, tuple]], count: int,
+                 flusher: L2Flusher | None) -> list[float]:
+    import torch
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    for i in range(count):
+        call, args = calls[i % len(calls)]
+        if flusher is not None:
+            flusher()
+        starts[i].record()
+        call(*args)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
 def _time_cuda(fn, inputs, warmup, repeats, target_ms, min_repeats, max_repeats, flush,
                cuda_graph) -> Timing:
     import torch
@@ -179,28 +234,31 @@ def _time_cuda(fn, inputs, warmup, repeats, target_ms, min_repeats, max_repeats,
     for i in range(warmup):
         fn(*inputs[i % len(inputs)])
     torch.cuda.synchronize()
-    if cuda_graph:
-        replays = _capture_graphs(fn, inputs)
-        calls = [(replay, ()) for replay in replays]
-    else:
-        calls = [(fn, args) for args in inputs]
-
-    def timed(count: int) -> list[float]:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-        for i in range(count):
-            call, args = calls[i % len(calls)]
-            if flusher is not None:
-                flusher()
-            starts[i].record()
-            call(*args)
-            ends[i].record()
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-
+    calls = [(fn, args) for args in inputs]
+    estimate_ms = None
+    if cuda_graph is None or repeats is None:
+        estimate_ms = percentile(_event_times(calls, min(ESTIMATE_CALLS, min_repeats), flusher),
+                                 50)
+    use_graph = cuda_graph if cuda_graph is not None else estimate_ms < GRAPH_PROBE_MS
+    method, note = "cuda-event", None
+    if use_graph:
+        try:
+            replays = capture_graphs(fn, inputs)
+        except Exception as error:
+            if cuda_graph:  # asked for explicitly: the caller hears why it failed
+                raise
+            torch.cuda.synchronize()
+            message = " ".join(str(error).split())[:200]
+            note = (f"a {estimate_ms:.4f} ms call, but CUDA-graph capture failed: "
+                    f"{type(error).__name__}: {message}; launch overhead included")
+        else:
+            graph_calls = [(replay, ()) for replay in replays]
+            replay_ms = percentile(_event_times(graph_calls, min(ESTIMATE_CALLS, min_repeats),
+                                                flusher), 50)
+            if cuda_graph or replay_ms < SHORT_CALL_MS:
+                calls, method, estimate_ms = graph_calls, "cuda-graph", replay_ms
     if repeats is None:
-        estimate_ms = percentile(timed(min(3, min_repeats)), 50)
         repeats = choose_repeats(estimate_ms, target_ms=target_ms, min_repeats=min_repeats,
                                  max_repeats=max_repeats)
-    samples = timed(repeats)
-    return Timing(tuple(samples), "cuda-graph" if cuda_graph else "cuda-event", flush, warmup)
+    samples = _event_times(calls, repeats, flusher)
+    return Timing(tuple(samples), method, flush, warmup, note)

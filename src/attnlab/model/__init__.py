@@ -6,11 +6,13 @@
 - :mod:`~attnlab.model.flops`: FLOPs counted from the real mask, arithmetic intensity.
 - :mod:`~attnlab.model.hardware`: datasheet or measured ceilings, ridge points.
 - :mod:`~attnlab.model.amdahl`: speedup from a time share, across boundaries.
-- :mod:`~attnlab.model.mask`: which (query, key) pairs and tiles a mask keeps.
+- :mod:`~attnlab.model.cache`: a cache-aware estimate of the DRAM bytes ncu measures.
 
-Nothing here imports torch, so the models run anywhere the shapes do.
+Which (query, key) pairs and tiles a mask keeps is :mod:`attnlab.masking` (the
+ground floor the reference and the kernels share).  Nothing here imports torch, so
+the models run anywhere the shapes do.
 """
 
-from attnlab.model import amdahl, flops, hardware, mask, memory, traffic
+from attnlab.model import amdahl, cache, flops, hardware, memory, traffic
 
-__all__ = ["amdahl", "flops", "hardware", "mask", "memory", "traffic"]
+__all__ = ["amdahl", "cache", "flops", "hardware", "memory", "traffic"]

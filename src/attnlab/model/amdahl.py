@@ -8,9 +8,10 @@ time without taking FLOPs, so the two differ by an order of magnitude for attent
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+from attnlab.checks import check_float, check_int
 
 # The lesson's sensitivity table: one 3.5x kernel under three measured attention shares.
 LESSON_TIME_SHARES: tuple[float, ...] = (0.15, 0.40, 0.65)
@@ -21,27 +22,25 @@ LESSON_FLOP_SHARE = 0.032
 
 
 def _check_time_share(time_share: float, name: str = "time_share") -> float:
-    if isinstance(time_share, bool) or not isinstance(time_share, (int, float)):
-        raise TypeError(f"{name} must be a number in [0, 1], got {time_share!r}")
-    if not (0.0 <= time_share <= 1.0):  # also rejects NaN
-        raise ValueError(f"{name} must be in [0, 1] (a fraction of time), got {time_share}")
-    return float(time_share)
+    """A fraction of time in [0, 1]."""
+    value = check_float(name, time_share, minimum=0.0, maximum=1.0, finite=False) \
+        if _is_nan(time_share) else check_float(name, time_share)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1] (a fraction of time), got {value}")
+    return value
+
+
+def _is_nan(value) -> bool:
+    return isinstance(value, float) and value != value
 
 
 def _check_speedup(kernel_speedup: float, name: str = "kernel_speedup") -> float:
-    if isinstance(kernel_speedup, bool) or not isinstance(kernel_speedup, (int, float)):
-        raise TypeError(f"{name} must be a number > 0, got {kernel_speedup!r}")
-    if not (kernel_speedup > 0.0) or math.isinf(kernel_speedup):
-        raise ValueError(f"{name} must be a finite number > 0, got {kernel_speedup}")
-    return float(kernel_speedup)
+    return check_float(name, kernel_speedup, minimum=0.0, min_open=True)
 
 
 def _check_time(value: float, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a time >= 0, got {value!r}")
-    if not (value >= 0.0) or math.isinf(value):
-        raise ValueError(f"{name} must be a finite time >= 0, got {value}")
-    return float(value)
+    """A finite time >= 0 (any unit, the same at every boundary)."""
+    return check_float(name, value, minimum=0.0)
 
 
 def amdahl_speedup(time_share: float, kernel_speedup: float) -> float:
@@ -136,9 +135,7 @@ class Boundary:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"Boundary name must be a non-empty string, got {self.name!r}")
         _check_time(self.other_time, f"other_time of boundary {self.name!r}")
-        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
-            raise ValueError(f"repeats of boundary {self.name!r} must be an int >= 1, "
-                             f"got {self.repeats!r}")
+        check_int(f"repeats of boundary {self.name!r}", self.repeats, minimum=1)
 
 
 @dataclass(frozen=True)
@@ -210,8 +207,7 @@ def prefill_chain(attention_time: float = EXIT_TASK_ATTENTION_MS,
         raise ValueError("attention_time must be > 0")
     if attention > prefill:
         raise ValueError(f"attention_time ({attention}) must not exceed prefill_time ({prefill})")
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise ValueError(f"layers must be an int >= 1, got {layers!r}")
+    check_int("layers", layers, minimum=1)
     return boundary_chain(
         attention / layers, kernel_speedup,
         [Boundary("layer", (prefill - attention) / layers),

@@ -8,13 +8,9 @@ square causal mask), never "N^2 / 2 by hand".
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from attnlab.model.mask import check_shape, visible_pairs
-from attnlab.shapes import AttentionShape, ModelPreset, preset
-
-if TYPE_CHECKING:  # traffic imports this module; only the type is needed here
-    from attnlab.model.traffic import Traffic
+from attnlab.checks import check_int
+from attnlab.masking import visible_pairs
+from attnlab.shapes import AttentionShape, ModelPreset, check_shape, preset
 
 # Matmul FLOPs per (query, key) pair and head dim: 2 for Q K^T plus 2 for P V.
 MATMUL_FLOPS_PER_PAIR_PER_DIM = 4
@@ -81,9 +77,7 @@ def _check_preset(model: ModelPreset | str) -> ModelPreset:
 
 
 def _check_tokens(prompt_tokens: int) -> int:
-    if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
-        raise ValueError(f"prompt_tokens must be an int >= 1, got {prompt_tokens!r}")
-    return prompt_tokens
+    return check_int("prompt_tokens", prompt_tokens, minimum=1)
 
 
 def prefill_attention_flops(model: ModelPreset | str, prompt_tokens: int) -> int:
@@ -111,16 +105,19 @@ def attention_flop_share(model: ModelPreset | str, prompt_tokens: int) -> float:
 
 def arithmetic_intensity(flops: int, bytes_moved: int) -> float:
     """FLOPs per byte of HBM traffic."""
-    for name, value in (("flops", flops), ("bytes_moved", bytes_moved)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    check_int("flops", flops, minimum=0)
+    check_int("bytes_moved", bytes_moved, minimum=0)
     if bytes_moved == 0:
         raise ValueError("bytes_moved must be > 0 to form an intensity")
     return flops / bytes_moved
 
 
-def kernel_intensities(traffic: Traffic) -> list[dict]:
-    """FLOPs, logical bytes and FLOP/byte of every kernel in a traffic record."""
+def kernel_intensities(traffic) -> list[dict]:
+    """FLOPs, logical bytes and FLOP/byte of every kernel in a traffic record.
+
+    ``traffic`` is an :class:`attnlab.model.traffic.Traffic` (anything with ``.kernels``
+    of ``flops`` and ``total_bytes``); not imported here: traffic imports this module.
+    """
     return [
         {"kernel": k.kernel, "flops": k.flops, "bytes": k.total_bytes,
          "flop_per_byte": arithmetic_intensity(k.flops, k.total_bytes) if k.total_bytes else None}

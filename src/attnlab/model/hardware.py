@@ -9,9 +9,10 @@ ceilings (``measured_ceilings`` / ``ceilings_from_records``) when you have them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
+
+from attnlab.checks import check_float, check_int, quote
 
 
 @dataclass(frozen=True)
@@ -22,13 +23,15 @@ class GPU:
     dense_tflops: float  # dense FP16/BF16 Tensor Core FLOP/s, in TFLOP/s
     hbm_tbps: float      # HBM bandwidth, in TB/s
     source: str          # "datasheet" or "measured" (with what, where)
+    sm_count: int | None = None   # streaming multiprocessors (the cache model's waves)
+    l2_bytes: int | None = None   # L2 cache, bytes (what torch reports as L2_cache_size)
 
     def __post_init__(self) -> None:
         for field_name in ("dense_tflops", "hbm_tbps"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    value > 0) or math.isinf(value):
-                raise ValueError(f"{field_name} must be a finite number > 0, got {value!r}")
+            check_float(field_name, getattr(self, field_name), minimum=0, min_open=True)
+        for field_name in ("sm_count", "l2_bytes"):
+            if getattr(self, field_name) is not None:
+                check_int(field_name, getattr(self, field_name), minimum=1)
 
     @property
     def ridge_point(self) -> float:
@@ -49,21 +52,26 @@ class GPU:
         return max(flops / (self.dense_tflops * 1e12), bytes_moved / (self.hbm_tbps * 1e12))
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "ridge_point": self.ridge_point}
+        # The cache facts belong to the cache model's table rows, not the roofline's.
+        ceilings = {k: v for k, v in asdict(self).items() if k not in ("sm_count", "l2_bytes")}
+        return {**ceilings, "ridge_point": self.ridge_point}
 
 
 def _check_intensity(flop_per_byte: float) -> float:
-    if isinstance(flop_per_byte, bool) or not isinstance(flop_per_byte, (int, float)) or not (
-            flop_per_byte >= 0) or math.isinf(flop_per_byte):
-        raise ValueError(f"flop_per_byte must be a finite number >= 0, got {flop_per_byte!r}")
-    return float(flop_per_byte)
+    return check_float("flop_per_byte", flop_per_byte, minimum=0)
 
 
 # NVIDIA product pages / datasheets, dense FP16/BF16 (the sparse figure is twice these).
+# SMs and L2 (the cache model's facts): H100 and H200 share the GH100 die as sold, 132
+# SMs and 50 MiB of L2 (what torch.cuda.get_device_properties reports on both); A100
+# SXM: 108 SMs, 40 MiB.  B200's are left out until measured here.
 GPUS: dict[str, GPU] = {
-    "A100": GPU("A100", 312.0, 2.039, "datasheet: A100 SXM 80GB, 312 TFLOP/s dense FP16, 2.039 TB/s HBM2e"),
-    "H100 SXM": GPU("H100 SXM", 989.0, 3.35, "datasheet: H100 SXM, 989 TFLOP/s dense FP16, 3.35 TB/s HBM3"),
-    "H200": GPU("H200", 989.0, 4.8, "datasheet: H200 SXM, 989 TFLOP/s dense FP16, 4.8 TB/s HBM3e"),
+    "A100": GPU("A100", 312.0, 2.039, "datasheet: A100 SXM 80GB, 312 TFLOP/s dense FP16, 2.039 TB/s HBM2e",
+                sm_count=108, l2_bytes=40 * 2**20),
+    "H100 SXM": GPU("H100 SXM", 989.0, 3.35, "datasheet: H100 SXM, 989 TFLOP/s dense FP16, 3.35 TB/s HBM3",
+                    sm_count=132, l2_bytes=50 * 2**20),
+    "H200": GPU("H200", 989.0, 4.8, "datasheet: H200 SXM, 989 TFLOP/s dense FP16, 4.8 TB/s HBM3e",
+                sm_count=132, l2_bytes=50 * 2**20),
     "B200": GPU("B200", 2250.0, 8.0, "datasheet: HGX B200 (1000 W), 2.25 PFLOP/s dense FP16, 8 TB/s HBM3e"),
 }
 
@@ -79,10 +87,10 @@ def _normalise(name: str) -> str:
 def gpu(name: str) -> GPU:
     """The datasheet entry of a named GPU ('H100', 'h100-sxm' and 'H100 SXM' all work)."""
     if not isinstance(name, str):
-        raise TypeError(f"gpu name must be a string, one of {sorted(GPUS)}; got {name!r}")
+        raise TypeError(f"gpu name must be a string, one of {sorted(GPUS)}; got {quote(name)}")
     key = _ALIASES.get(_normalise(name))
     if key is None:
-        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))}")
+        raise ValueError(f"unknown GPU {quote(name)}; known: {', '.join(sorted(GPUS))}")
     return GPUS[key]
 
 

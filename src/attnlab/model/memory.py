@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from attnlab.model.mask import check_shape
-from attnlab.shapes import AttentionShape, dtype_bytes
+from attnlab.checks import check_int
+from attnlab.shapes import AttentionShape, check_shape, dtype_bytes
 
 # Running max and sum, accumulator and LSE: FP32 in the shipped kernels.
 STATS_DTYPE = "fp32"
@@ -26,9 +26,7 @@ def _score_bytes(shape: AttentionShape, score_dtype: str | None) -> int:
 
 
 def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
+    return check_int(name, value, minimum=1)
 
 
 def score_matrix_bytes(shape: AttentionShape, score_dtype: str | None = None) -> int:
@@ -63,10 +61,9 @@ def transient_peak_bytes(shape: AttentionShape, score_dtype: str | None = None, 
     """
     check_shape(shape)
     all_heads = shape.batch * shape.query_heads
-    heads = all_heads if heads_in_parallel is None else heads_in_parallel
-    if isinstance(heads, bool) or not isinstance(heads, int) or not 1 <= heads <= all_heads:
-        raise ValueError(f"heads_in_parallel must be an int in [1, {all_heads}] (batch x query "
-                         f"heads), got {heads_in_parallel!r}")
+    # at most batch x query heads: every (sequence, head) of the layer at once
+    heads = all_heads if heads_in_parallel is None else check_int(
+        "heads_in_parallel", heads_in_parallel, minimum=1, maximum=all_heads)
     return heads * scores_and_probs_per_head_bytes(shape, score_dtype)
 
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attnlab.checks import check_bool, check_int
+from attnlab.masking import split_plan, tile_plan, visible_pairs
 from attnlab.model import flops as flop_model
-from attnlab.model.mask import QueryTile, check_shape, query_tiles, visible_pairs
-from attnlab.shapes import AttentionShape, dtype_bytes
+from attnlab.shapes import AttentionShape, check_shape, dtype_bytes
 
 # Softmax statistics and split partials are FP32 in the shipped kernels (flash-attn,
 # PyTorch's flash and cuDNN backends keep logsumexp in FP32 for range).
@@ -138,8 +139,7 @@ def _scoped(shape: AttentionShape, scope: str, layers: int | None, *,
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
     if scope == "model":
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-            raise ValueError(f"layers must be an int >= 1 with scope='model', got {layers!r}")
+        layers = check_int("layers", layers, minimum=1)  # scope='model' needs it
     elif layers is not None:
         raise ValueError(f"layers applies only to scope='model', not scope={scope!r}")
     if scope == "head":
@@ -159,9 +159,7 @@ def _score_bytes(shape: AttentionShape, score_dtype: str | None) -> int:
 
 
 def _check_flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
+    return check_bool(name, value)
 
 
 # ----- naive materialising baselines --------------------------------------------------
@@ -266,7 +264,7 @@ def naive_causal_traffic(shape: AttentionShape, *, triangle: str = "half",
 # ----- FlashAttention-2 forward -------------------------------------------------------
 def kv_rows_streamed(shape: AttentionShape) -> int:
     """K (or V) rows one head's fused forward loads, summed over its query tiles."""
-    return sum(t.kv_rows_loaded for t in query_tiles(check_shape(shape)))
+    return tile_plan(check_shape(shape)).kv_rows_loaded()
 
 
 def fused_forward_traffic(shape: AttentionShape, *, write_lse: bool = False,
@@ -324,23 +322,6 @@ def gqa_kv_bytes(shape: AttentionShape, *, scope: str = "layer",
 
 
 # ----- Flash-Decoding ------------------------------------------------------------------
-def split_ranges(kv_tiles: int, num_splits: int) -> list[tuple[int, int]]:
-    """KV tiles [first, stop) of each split: as even as tiles allow, none empty."""
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not (
-            1 <= num_splits <= kv_tiles):
-        raise ValueError(f"num_splits must be an int in [1, {kv_tiles}] (the KV tiles), "
-                         f"got {num_splits!r}")
-    return [(i * kv_tiles // num_splits, (i + 1) * kv_tiles // num_splits)
-            for i in range(num_splits)]
-
-
-def _rows_in(shape: AttentionShape, tile: QueryTile, first: int, stop: int) -> int:
-    lo, hi = max(tile.kv_first, first), min(tile.kv_stop, stop)
-    if hi <= lo:
-        return 0
-    return min(shape.seqlen_k, hi * shape.block_n) - lo * shape.block_n
-
-
 def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: bool = True,
                            write_lse: bool = False, scope: str = "layer",
                            layers: int | None = None) -> Traffic:
@@ -349,7 +330,9 @@ def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: 
     Split kernel: each (split, query tile) reads its Q tile and, once, the K/V tiles of
     its split that the mask lets it see; it writes an FP32 partial output and an FP32
     partial LSE for its rows.  Combine kernel: reads every split's partials, writes O
-    (and the final LSE if ``write_lse``).  Splits get KV tiles as evenly as possible.
+    (and the final LSE if ``write_lse``).  Splits get ``ceil(kv_tiles / num_splits)``
+    KV tiles each (:func:`attnlab.masking.split_plan`, flash-attn's rule); an empty
+    trailing split still writes its partials, as flash-attn's does.
     ``pack_gqa`` (default, what decode kernels do): one pass over a KV head serves
     all query heads of its group.
     """
@@ -358,13 +341,13 @@ def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: 
     _check_flag(write_lse, "write_lse")
     sc = _scoped(shape, scope, layers, packs_heads=pack_gqa)
     s = sc.shape
-    ranges = split_ranges(s.kv_tiles, num_splits)
-    tiles = query_tiles(s)
+    splits = split_plan(s.kv_tiles, num_splits)
+    plan = tile_plan(s)
     q_heads = s.batch * s.query_heads
     kv_passes = s.batch * (s.kv_heads if pack_gqa else s.query_heads)
     act = s.head_dim * s.element_bytes
-    kv_rows = sum(_rows_in(s, t, a, b) for t in tiles for a, b in ranges)
-    q_rows_read = sum(t.rows for t in tiles for a, b in ranges if _rows_in(s, t, a, b))
+    kv_rows = sum(plan.kv_rows_loaded(r.start, r.stop) for r in splits)
+    q_rows_read = sum(plan.query_rows_loading(r.start, r.stop) for r in splits)
     partial_o = num_splits * q_heads * s.seqlen_q * s.head_dim * PARTIAL_BYTES
     partial_lse = num_splits * q_heads * s.seqlen_q * PARTIAL_BYTES
     pairs = visible_pairs(s)
@@ -422,9 +405,9 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     heads = s.batch * s.query_heads
     act = s.head_dim * s.element_bytes
     d32 = s.head_dim * STATS_BYTES
-    tiles = query_tiles(s)
-    q_rows_per_pair = sum(t.rows * t.kv_tiles_loaded for t in tiles)  # Q rows over tile pairs
-    kv_rows_per_pair = sum(t.kv_rows_loaded for t in tiles)            # K rows over tile pairs
+    plan = tile_plan(s)
+    q_rows_per_pair = plan.query_rows_times_tiles()  # Q rows over tile pairs
+    kv_rows_per_pair = plan.kv_rows_loaded()         # K rows over tile pairs
     pairs = visible_pairs(s)
     qo = heads * s.seqlen_q * act
     kv = heads * s.seqlen_k * act

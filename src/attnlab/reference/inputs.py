@@ -7,10 +7,10 @@ head ``h // (query_heads // kv_heads)``, as flash-attn and SDPA's ``enable_gqa``
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from attnlab.checks import check_scale
+from attnlab.checks import check_softcap as _check_softcap
 from attnlab.shapes import AttentionShape
 
 # torch dtype -> AttentionShape dtype name (the dtypes the reference accepts).
@@ -28,20 +28,24 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:
-    """The softmax scale: 1/sqrt(head_dim) unless given."""
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) \
-            or scale <= 0:
-        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
-    return float(scale)
+    """The softmax scale: 1/sqrt(head_dim) unless given (a positive finite number)."""
+    return check_scale(scale, head_dim, name="scale")
 
 
 def check_softcap(softcap: float) -> float:
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) \
-            or not math.isfinite(softcap) or softcap < 0:
-        raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {softcap!r}")
-    return float(softcap)
+    """flash-attn's softcap: a finite float >= 0, 0 meaning off."""
+    return _check_softcap(softcap, name="softcap")
+
+
+def check_reference_dtype(name: str, tensor: torch.Tensor) -> None:
+    """TypeError naming the dtypes the reference computes in, for any other dtype.
+
+    Call it before converting a tensor: an int, bool or complex tensor cast to
+    float64 would silently compute something else.
+    """
+    if tensor.dtype not in TORCH_DTYPE_NAMES:
+        allowed = ", ".join(str(d) for d in TORCH_DTYPE_NAMES)
+        raise TypeError(f"{name}.dtype must be one of {allowed}, got {tensor.dtype}")
 
 
 def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -58,9 +62,7 @@ def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         if tensor.dim() != 4:
             raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, dim), got shape "
                              f"{tuple(tensor.shape)}")
-        if tensor.dtype not in TORCH_DTYPE_NAMES:
-            raise TypeError(f"{name}.dtype must be one of {list(TORCH_DTYPE_NAMES)}, "
-                            f"got {tensor.dtype}")
+        check_reference_dtype(name, tensor)
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     batch, query_heads, seqlen_q, head_dim = q.shape

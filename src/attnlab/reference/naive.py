@@ -17,6 +17,10 @@ from attnlab.reference.inputs import (
 )
 from attnlab.reference.scores import scaled_scores, shape_mask
 
+# S and P are materialised in full: past 2^32 scores (32 GiB each in float64) refuse
+# before allocating rather than let the allocator fail (or the machine swap).
+MAX_SCORE_ELEMENTS = 2**32
+
 
 def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
           scale: float | None = None, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -30,6 +34,11 @@ def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = F
     key, P = softmax(S) row by row.  A row that sees no key has P = 0 and O = 0.
     """
     shape = check_attention_inputs(q, k, v, causal=causal, window=window)
+    scores = shape.batch * shape.query_heads * shape.seqlen_q * shape.seqlen_k
+    if scores > MAX_SCORE_ELEMENTS:
+        raise ValueError(f"naive materialises {scores:,} scores (batch x heads x seqlen_q x "
+                         f"seqlen_k), more than its bound of {MAX_SCORE_ELEMENTS:,}; use "
+                         f"attnlab.reference.tiled, which holds one tile at a time")
     scale = resolve_scale(scale, shape.head_dim)
     softcap = check_softcap(softcap)
     k = expand_kv_heads(k, shape.query_heads)

@@ -2,14 +2,14 @@
 
 ``scaled_scores`` applies the scale and then flash-attn's softcap,
 ``c * tanh(s / c)``, before any mask.  ``visible_keys``/``mask`` turn the
-integer band of :mod:`attnlab.reference.tiles` into a boolean matrix.
+integer band of :mod:`attnlab.masking` into a boolean matrix.
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnlab.reference.tiles import KeyBand, visible_band
+from attnlab.masking import KeyBand, shape_band
 from attnlab.shapes import AttentionShape
 
 
@@ -52,5 +52,5 @@ def mask(seqlen_q: int, seqlen_k: int, *, causal: bool = False,
 
 def shape_mask(shape: AttentionShape, device: torch.device | str | None = None) -> torch.Tensor:
     """:func:`mask` for an :class:`AttentionShape`."""
-    band = visible_band(shape.seqlen_q, shape.seqlen_k, causal=shape.causal, window=shape.window)
+    band = shape_band(shape)
     return visible_keys(band, range(shape.seqlen_q), range(shape.seqlen_k), device=device)

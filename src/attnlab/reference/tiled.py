@@ -6,7 +6,7 @@ tile rescales the old state by ``alpha = exp(m_old - m_new)`` and adds its own t
 the division ``O = a / l`` happens once, after the last tile (FA-2, Algorithm 1).
 
 Which K/V tiles a query tile loads, and which of those need the element mask, comes
-from :func:`attnlab.reference.tiles.tile_plan`, so the plan and the loop cannot
+from :func:`attnlab.masking.tile_plan`, so the plan and the loop cannot
 disagree.  The loop is vectorised over batch, heads and the rows of a tile.
 """
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab.masking import MASKED, SKIPPED, TilePlan, tile_plan
 from attnlab.reference.inputs import (
     accumulation_dtype,
     check_attention_inputs,
@@ -24,7 +25,6 @@ from attnlab.reference.inputs import (
     resolve_scale,
 )
 from attnlab.reference.scores import scaled_scores, visible_keys
-from attnlab.reference.tiles import MASKED, SKIPPED, TilePlan, tile_plan
 
 NEG_INF = float("-inf")
 
@@ -114,7 +114,7 @@ def tiled_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: TileP
         )
         for kv_tile in kv_tiles:  # inner loop: stream K/V tiles past the resident Q tile
             cols = plan.key_rows(kv_tile)
-            tile_class = query_plan.tile_classes[kv_tile]
+            tile_class = query_plan.tile_class(kv_tile)
 
             # Step 1, the skip bound: a tile with no visible element is never loaded.
             # Dropping it is exact; it only saves the load and the multiply.
@@ -141,13 +141,15 @@ def tiled_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: TileP
                                       m_old=m_old, m_new=state.m, alpha=alpha,
                                       l=state.l, a=state.a))
 
-        # One division per row, after the last tile.  l == 0 means the row saw no key.
-        seen = state.l > 0
-        safe_l = torch.where(seen, state.l, torch.ones_like(state.l))
+        # One division per row, after the last tile.  l == 0 exactly means the row saw no
+        # key (0 and LSE = -inf); anything else divides, so a NaN or inf that reached the
+        # state (a NaN score, an inf key) reaches O and LSE as in PyTorch's attention.
+        no_key = state.l == 0
+        safe_l = torch.where(no_key, torch.ones_like(state.l), state.l)
         out[:, :, rows.start:rows.stop] = torch.where(
-            seen.unsqueeze(-1), state.a / safe_l.unsqueeze(-1), torch.zeros_like(state.a))
+            no_key.unsqueeze(-1), torch.zeros_like(state.a), state.a / safe_l.unsqueeze(-1))
         lse[:, :, rows.start:rows.stop] = torch.where(
-            seen, state.m + torch.log(safe_l), torch.full_like(state.m, NEG_INF))
+            no_key, torch.full_like(state.m, NEG_INF), state.m + torch.log(safe_l))
     return out, lse
 
 

@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from attnlab.checks import as_scalar, check_float, check_int
+
 NEG_INF = float("-inf")
 
 
@@ -93,8 +95,7 @@ def _full_row_softmax(scores: list[float], values: list[tuple[float, ...]]):
 
 
 def _check_walk_inputs(scores, values, tile):
-    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
-        raise ValueError(f"tile must be an int >= 1, got {tile!r}")
+    tile = check_int("tile", tile, minimum=1)
     score_list = [_as_float(s, "scores") for s in scores]
     if not score_list:
         raise ValueError("scores must hold at least one score, got none")
@@ -114,14 +115,15 @@ def _check_walk_inputs(scores, values, tile):
 
 
 def _as_row(row) -> tuple[float, ...]:
-    if isinstance(row, (int, float)) and not isinstance(row, bool):
-        return (float(row),)
+    if isinstance(as_scalar(row), (int, float)) and not isinstance(as_scalar(row), bool):
+        return (float(as_scalar(row)),)
     if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
         raise ValueError(f"values must be numbers or sequences of numbers, got {row!r}")
     return tuple(_as_float(x, "values") for x in row)
 
 
 def _as_float(x, name: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise ValueError(f"{name} must hold numbers, got {x!r}")
-    return float(x)
+    x = as_scalar(x)
+    if isinstance(x, float) and math.isnan(x):
+        return x  # refused by the caller, with the whole list in the message
+    return check_float(f"{name} (each item)", x, finite=False)

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.measure.profile import TraceSummary
 from attnlab.model.amdahl import amdahl_speedup
 from attnlab.model.flops import attention_flop_share
-from attnlab.report.trace import TraceSummary
-from attnlab.report.workload import Part, Workload, workload_to_dict
+from attnlab.report.workload import Part, Workload, check_kernel_speedup, workload_to_dict
 
 SCHEMA = "attnlab.report/1"
 # p95 verdicts need at least one sample above the 95th percentile on average: below
@@ -59,15 +59,15 @@ def with_trace(workload: Workload, trace: TraceSummary) -> Workload:
             f"{trace.mode} time")
     segments = tuple(dataclasses.replace(s, parts=parts, note=note)
                      if s.name == segment.name else s for s in workload.segments)
-    return dataclasses.replace(workload, segments=segments,
+    trace_warnings = getattr(trace, "warnings", ())  # a duck-typed summary may have none
+    warnings = (*workload.warnings, *(f"trace {trace.source}: {w}" for w in trace_warnings))
+    return dataclasses.replace(workload, segments=segments, warnings=warnings,
                                proposal=dataclasses.replace(proposal, part="attention"))
 
 
 def with_kernel_speedup(workload: Workload, kernel_speedup: float, source: str) -> Workload:
     """The workload with the proposal's kernel speedup replaced (validated > 0)."""
-    if isinstance(kernel_speedup, bool) or not isinstance(kernel_speedup, (int, float)) \
-            or not math.isfinite(kernel_speedup) or kernel_speedup <= 0:
-        raise ValueError(f"kernel speedup must be a finite number > 0, got {kernel_speedup!r}")
+    kernel_speedup = check_kernel_speedup(kernel_speedup, "kernel speedup")
     proposal = dataclasses.replace(workload.proposal, kernel_speedup=float(kernel_speedup),
                                    speedup_source=source)
     return dataclasses.replace(workload, proposal=proposal)

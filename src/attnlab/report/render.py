@@ -370,10 +370,19 @@ def _nice_step(raw: float) -> float:
 # ----------------------------------------------------------------------------------
 # Documents
 # ----------------------------------------------------------------------------------
+def _markdown_safe(value: Any) -> Any:
+    """Every value a Markdown template prints, with HTML's &, < and > escaped: Markdown
+    passes raw HTML through, and a workload's title or note must never become markup."""
+    if isinstance(value, str):
+        return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return value
+
+
 def _environment(autoescape: bool) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              autoescape=autoescape, undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             finalize=None if autoescape else _markdown_safe)
     env.filters.update(ms=ms, pct=pct, times=times, speedup=speedup, num=num,
                        cell=lambda text: str(text).replace("|", "\\|").replace("\n", " "))
     return env

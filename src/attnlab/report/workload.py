@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.checks import as_scalar, check_bool, check_float, check_int, quote
 from attnlab.shapes import DTYPE_BYTES, PRESETS, ModelPreset
 
 # Segments may disagree with a measured client total by this much before we warn
@@ -48,6 +49,17 @@ PARTS_OVERFLOW_TOLERANCE = 0.001
 # Parts that leave less than this share of a segment unexplained are not worth a warning.
 PARTS_GAP_TOLERANCE = 0.001
 UNATTRIBUTED_PART = "unattributed"
+# A kernel speedup outside these bounds is a typo, not a kernel: 1e-320 would make every
+# projected time overflow.  Durations past MAX_MS (11.6 days) are not one request's.
+MIN_KERNEL_SPEEDUP = 1e-6
+MAX_KERNEL_SPEEDUP = 1e6
+MAX_MS = 1e9
+MAX_PARAMETERS = 10**15
+# Input limits of a workload file (it describes one request in a few dozen lines).
+MAX_WORKLOAD_BYTES = 1 << 20
+MAX_YAML_ALIASES = 100
+MAX_WORKLOAD_DEPTH = 32
+MAX_WORKLOAD_NODES = 100_000
 
 TOP_LEVEL_FIELDS = ("title", "workload", "targets", "segments", "client", "decode", "proposal",
                     "samples", "trace_patterns")
@@ -209,31 +221,93 @@ def default_workload() -> Workload:
 
 
 def load_workload(path: str | Path) -> Workload:
-    """Read and validate a YAML or JSON workload file (errors name the file and the field)."""
+    """Read and validate a YAML or JSON workload file (errors name the file and the field).
+
+    Refused before anything is expanded: files over ``MAX_WORKLOAD_BYTES``, YAML with
+    more than ``MAX_YAML_ALIASES`` aliases (an alias bomb expands a 1 KB file into
+    gigabytes), and nesting deeper than ``MAX_WORKLOAD_DEPTH``.
+    """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_WORKLOAD_BYTES + 1)
     except OSError as error:
-        raise ValueError(f"workload file {str(path)!r} cannot be read: {error.strerror}") from error
+        raise ValueError(f"workload file {quote(str(path))} cannot be read: "
+                         f"{error.strerror or error}") from error
+    if len(raw) > MAX_WORKLOAD_BYTES:
+        raise ValueError(f"{path.name}: larger than {MAX_WORKLOAD_BYTES:,} bytes; a workload "
+                         f"file describes one request in a few lines")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path.name}: not UTF-8 text") from None
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
             raise ValueError(f"{path.name}: not valid JSON: {error.msg} at line {error.lineno}") from error
+        except RecursionError:
+            raise ValueError(f"{path.name}: nested more deeply than JSON can be read") from None
     else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            problem = getattr(error, "problem", None) or "syntax error"
-            raise ValueError(f"{path.name}: not valid YAML: {problem}{where}") from error
+        data = _load_yaml(text, path.name)
+    _check_depth(data, path.name)
     try:
         return parse_workload(data, origin=str(path))
     except ValueError as error:
         raise ValueError(f"{path.name}: {error}") from error
+
+
+def _load_yaml(text: str, name: str) -> Any:
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        """SafeLoader that counts aliases and nesting while it composes, before any
+        value is built, so an alias bomb or a 100,000-deep document stops at once."""
+
+        aliases = 0
+        depth = 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                self.aliases += 1
+                if self.aliases > MAX_YAML_ALIASES:
+                    raise ValueError(f"{name}: more than {MAX_YAML_ALIASES} YAML aliases; "
+                                     f"write the values out")
+            self.depth += 1
+            if self.depth > MAX_WORKLOAD_DEPTH:
+                raise ValueError(f"{name}: nested more than {MAX_WORKLOAD_DEPTH} levels deep")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    try:
+        return yaml.load(text, Loader=BoundedLoader)  # BoundedLoader is a SafeLoader
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or "syntax error"
+        raise ValueError(f"{name}: not valid YAML: {problem}{where}") from error
+    except RecursionError:
+        raise ValueError(f"{name}: nested more than YAML can be read") from None
+
+
+def _check_depth(data: Any, name: str) -> None:
+    """Refuse a parsed document nested deeper than MAX_WORKLOAD_DEPTH (iteratively: no
+    recursion on a hostile input), or holding more than MAX_WORKLOAD_NODES values."""
+    stack, seen = [(data, 1)], 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if depth > MAX_WORKLOAD_DEPTH:
+            raise ValueError(f"{name}: nested more than {MAX_WORKLOAD_DEPTH} levels deep")
+        if seen > MAX_WORKLOAD_NODES:
+            raise ValueError(f"{name}: more than {MAX_WORKLOAD_NODES:,} values; a workload "
+                             f"file describes one request")
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for item in (*value.keys(), *value.values()))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
 
 
 # ----------------------------------------------------------------------------------
@@ -252,17 +326,23 @@ def _known_fields(mapping: dict, allowed: tuple[str, ...], where: str) -> None:
 
 
 def _kind(value: Any) -> str:
-    return "nothing" if value is None else f"{type(value).__name__} {value!r}"
+    return "nothing" if value is None else f"{type(value).__name__} {quote(value)}"
 
 
 def _milliseconds(value: Any, where: str, *, positive: bool = False) -> float:
     if value is None:
         raise ValueError(f"{where} is required (milliseconds)")
+    value = as_scalar(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where} must be a number of milliseconds, got {_kind(value)}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float's range
+        raise ValueError(f"{where} must be at most {MAX_MS:g} ms, got {quote(value)}") from None
     if not math.isfinite(value):
         raise ValueError(f"{where} must be a finite number of milliseconds, got {value}")
+    if abs(value) > MAX_MS:
+        raise ValueError(f"{where} must be at most {MAX_MS:g} ms (11.6 days), got {value:g}")
     if positive and value <= 0:
         raise ValueError(f"{where} must be > 0 ms, got {value}")
     if value < 0:
@@ -271,9 +351,7 @@ def _milliseconds(value: Any, where: str, *, positive: bool = False) -> float:
 
 
 def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{where} must be a positive integer, got {_kind(value)}")
-    return value
+    return check_int(where, value, minimum=1)
 
 
 def _text(value: Any, where: str) -> str:
@@ -297,37 +375,35 @@ def _parameter_count(value: Any, where: str) -> int:
                      if match else float(text))
         except ValueError:
             raise ValueError(f"{where} must be a parameter count such as 8000000000, 8.0e+9 "
-                             f"or '8B', got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 1:
-        raise ValueError(f"{where} must be a positive parameter count, got {_kind(value)}")
+                             f"or '8B', got {quote(value)}") from None
+    value = as_scalar(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PARAMETERS:
+        return value
+    if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value) \
+            or not 1 <= value <= MAX_PARAMETERS:
+        raise ValueError(f"{where} must be a positive parameter count (at most "
+                         f"{MAX_PARAMETERS:.0e}), got {_kind(value)}")
     return int(round(value))
 
 
 def _share(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where} must be a time share in [0, 1], got {_kind(value)}")
-    value = float(value)
-    if not 0.0 <= value <= 1.0:  # also rejects NaN
-        raise ValueError(f"{where} must be a time share in [0, 1], got {value}")
+    return check_float(f"{where} (a time share)", value, minimum=0.0, maximum=1.0)
+
+
+def check_kernel_speedup(value: Any, where: str) -> float:
+    """A kernel speedup: finite, > 0, and within [MIN_KERNEL_SPEEDUP, MAX_KERNEL_SPEEDUP]."""
+    value = check_float(where, value, minimum=0.0, min_open=True)
+    if not MIN_KERNEL_SPEEDUP <= value <= MAX_KERNEL_SPEEDUP:
+        raise ValueError(f"{where} must be a finite number > 0 between {MIN_KERNEL_SPEEDUP:g} "
+                         f"and {MAX_KERNEL_SPEEDUP:g} (3.0 = three times faster), got {value:g}")
     return value
 
 
-def _speedup(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where} must be a number > 0 (3.0 = three times faster), "
-                         f"got {_kind(value)}")
-    value = float(value)
-    if not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{where} must be a finite number > 0 (3.0 = three times faster), "
-                         f"got {value}")
-    return value
+_speedup = check_kernel_speedup
 
 
 def _bool(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{where} must be true or false, got {_kind(value)}")
-    return value
+    return check_bool(where, value)
 
 
 # ----------------------------------------------------------------------------------

@@ -267,9 +267,8 @@
     return stepper;
   }
 
-  // ---------------------------------------------------------------- 4. measured latency
-  const PALETTE = ["#1b6ac9", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285",
-                   "#c2255c", "#5c940d"];
+  // ---------------------------------------------------------------- 4. measured charts
+  // Colours, labels, headlines and every value come from the data; this code only draws.
 
   // 1-2-5 ticks from the largest one at or below `low` to the smallest at or above `high`,
   // so the axis always starts and ends on a labelled value.
@@ -284,33 +283,91 @@
     return all.filter((v) => v >= first && v <= last);
   }
 
+  // Linear ticks at 1, 2 or 5 times a power of ten, about five of them.
+  function niceLinearTicks(high) {
+    const raw = high / 5;
+    const power = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
+    const ticks = [];
+    for (let v = 0; v <= high + step * 1e-9; v += step) ticks.push(Number(v.toPrecision(12)));
+    if (ticks[ticks.length - 1] < high) ticks.push(Number((ticks.length * step).toPrecision(12)));
+    return ticks;
+  }
+
   function formatTick(value) {
     if (value >= 1) return String(Math.round(value));
     return String(Number(value.toPrecision(1)));
   }
 
-  function drawLatencyChart(box, chart, tooltip) {
+  function attachTooltip(target, text, box, tooltip) {
+    const show = () => {
+      tooltip.textContent = text;
+      tooltip.hidden = false;
+      const boxRect = box.getBoundingClientRect();
+      const rect = target.getBoundingClientRect();
+      const x = rect.left - boxRect.left + rect.width / 2;
+      // Keep the box inside the chart: to the left of points near the right edge.
+      const left = x + 12 + tooltip.offsetWidth > boxRect.width
+        ? Math.max(0, x - 12 - tooltip.offsetWidth) : x + 12;
+      tooltip.style.left = `${left}px`;
+      tooltip.style.top = `${rect.top - boxRect.top - 34}px`;
+    };
+    const hide = () => { tooltip.hidden = true; };
+    target.addEventListener("mouseenter", show);
+    target.addEventListener("focus", show);
+    target.addEventListener("mouseleave", hide);
+    target.addEventListener("blur", hide);
+  }
+
+  // The legend sits in the right margin, never over the data.
+  function drawLegend(root, entries, x, y) {
+    entries.forEach((entry, k) => {
+      const rowY = y + k * 20;
+      const group = svgElement("g", { class: "legend-entry", "data-provider": entry.provider || "" },
+                               root);
+      svgElement("rect", { x, y: rowY - 9, width: 12, height: 12, fill: entry.colour }, group);
+      svgElement("text", { x: x + 18, y: rowY + 1,
+                           class: entry.ours ? "legend-label legend-ours" : "legend-label" },
+                 group).textContent = entry.label;
+    });
+  }
+
+  // Latency (log-log, p20-p80 bands) or throughput (linear, with the measured ceiling).
+  function drawLineChart(box, chart, mode, visible, tooltip) {
     box.replaceChildren();
-    const width = 720;
-    const height = 360;
-    const margin = { left: 64, right: 150, top: 16, bottom: 44 };
-    const xs = [];
-    const ys = [];
-    for (const series of chart.series) {
-      for (const point of series.points) { xs.push(point.x); ys.push(point.y_ms); }
-    }
-    const xLow = Math.min(...xs) / 1.25;
-    const xHigh = Math.max(...xs) * 1.25;
-    const yTicks = niceLogTicks(Math.min(...ys) / 1.2, Math.max(...ys) * 1.2);
-    const yLow = yTicks[0];
-    const yHigh = yTicks[yTicks.length - 1];
+    const width = 900;
+    const height = 380;
+    const margin = { left: 70, right: 190, top: 18, bottom: 46 };
+    const series = chart.series.filter((s) => visible.has(s.provider));
+    const field = chart.throughput.field;
+    const value = (p) => (mode === "latency" ? p.y_ms : p[field]);
+    const points = series.flatMap((s) => s.points.filter((p) => value(p) !== null));
     const plotWidth = width - margin.left - margin.right;
     const plotHeight = height - margin.top - margin.bottom;
+    const root = svgElement("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart-svg",
+                                     role: "group", "aria-label": chart.title,
+                                     "data-mode": mode }, box);
+    const xs = chart.x_ticks.map((t) => t.x);
+    const xLow = Math.min(...xs) / 1.3;
+    const xHigh = Math.max(...xs) * 1.3;
     const xScale = (x) => margin.left + plotWidth * Math.log(x / xLow) / Math.log(xHigh / xLow);
-    const yScale = (y) => margin.top + plotHeight * (1 - Math.log(y / yLow) / Math.log(yHigh / yLow));
-
-    const root = svgElement("svg", { viewBox: `0 0 ${width} ${height}`, class: "latency-svg",
-                                     role: "group", "aria-label": chart.title }, box);
+    let yScale;
+    let yTicks;
+    const roof = chart.throughput.roof;
+    if (mode === "latency") {
+      const lows = points.map((p) => (p.p20_ms === null ? p.y_ms : p.p20_ms));
+      const highs = points.map((p) => (p.p80_ms === null ? p.y_ms : p.p80_ms));
+      yTicks = points.length ? niceLogTicks(Math.min(...lows) / 1.15, Math.max(...highs) * 1.15)
+        : [0.01, 1];
+      const yLow = yTicks[0];
+      const yHigh = yTicks[yTicks.length - 1];
+      yScale = (y) => margin.top + plotHeight * (1 - Math.log(y / yLow) / Math.log(yHigh / yLow));
+    } else {
+      const top = Math.max(roof ? roof.value : 0, ...points.map(value), 1e-9) * 1.08;
+      yTicks = niceLinearTicks(top);
+      const yHigh = yTicks[yTicks.length - 1];
+      yScale = (y) => margin.top + plotHeight * (1 - y / yHigh);
+    }
     for (const tick of yTicks) {
       const y = yScale(tick);
       svgElement("line", { x1: margin.left, x2: margin.left + plotWidth, y1: y, y2: y,
@@ -323,77 +380,412 @@
       svgElement("line", { x1: x, x2: x, y1: margin.top, y2: margin.top + plotHeight,
                            class: "gridline" }, root);
       svgElement("text", { x, y: margin.top + plotHeight + 16, "text-anchor": "middle",
-                           class: "axis-label" }, root).textContent = tick.label;
+                           class: "axis-label x-tick" }, root).textContent = tick.label;
     }
     svgElement("text", { x: margin.left + plotWidth / 2, y: height - 6, "text-anchor": "middle",
                          class: "axis-title" }, root).textContent = chart.x_title;
+    const yTitle = mode === "latency" ? chart.y_title : chart.throughput.y_title;
     svgElement("text", { x: 14, y: margin.top + plotHeight / 2, "text-anchor": "middle",
                          class: "axis-title",
                          transform: `rotate(-90 14 ${margin.top + plotHeight / 2})` }, root)
-      .textContent = chart.y_title;
-
-    chart.series.forEach((series, s) => {
-      const color = PALETTE[s % PALETTE.length];
-      const path = series.points.map((p, k) => `${k ? "L" : "M"}${xScale(p.x).toFixed(1)},${yScale(p.y_ms).toFixed(1)}`).join(" ");
-      svgElement("path", { d: path, class: "series-line", stroke: color }, root);
-      for (const point of series.points) {
-        const dot = svgElement("circle", { cx: xScale(point.x), cy: yScale(point.y_ms), r: 5,
-                                           fill: color, class: "series-point", tabindex: 0,
-                                           "aria-label": point.text,
-                                           "data-provider": series.provider, "data-x": point.x },
-                               root);
-        svgElement("title", {}, dot).textContent = point.text;
-        const showTip = () => {
-          tooltip.textContent = point.text;
-          tooltip.hidden = false;
-          const boxRect = box.getBoundingClientRect();
-          const dotRect = dot.getBoundingClientRect();
-          const x = dotRect.left - boxRect.left + dotRect.width / 2;
-          // Keep the box inside the chart: to the left of points near the right edge.
-          const left = x + 12 + tooltip.offsetWidth > boxRect.width
-            ? Math.max(0, x - 12 - tooltip.offsetWidth) : x + 12;
-          tooltip.style.left = `${left}px`;
-          tooltip.style.top = `${dotRect.top - boxRect.top - 34}px`;
-        };
-        const hideTip = () => { tooltip.hidden = true; };
-        dot.addEventListener("mouseenter", showTip);
-        dot.addEventListener("focus", showTip);
-        dot.addEventListener("mouseleave", hideTip);
-        dot.addEventListener("blur", hideTip);
+      .textContent = yTitle;
+    if (mode === "throughput" && roof) {
+      const y = yScale(roof.value);
+      svgElement("line", { x1: margin.left, x2: margin.left + plotWidth, y1: y, y2: y,
+                           class: "roof-line", "data-value": roof.value }, root);
+      svgElement("text", { x: margin.left + plotWidth - 4, y: y - 5, "text-anchor": "end",
+                           class: "roof-label" }, root).textContent = roof.label;
+    }
+    // Peers first, attnlab last so it is drawn on top.
+    const ordered = [...series].sort((a, b) => Number(a.ours) - Number(b.ours));
+    for (const s of ordered) {
+      const shown = s.points.filter((p) => value(p) !== null);
+      if (mode === "latency" && shown.length > 1 && shown.every((p) => p.p20_ms !== null)) {
+        const upper = shown.map((p) => `${xScale(p.x).toFixed(1)},${yScale(p.p80_ms).toFixed(1)}`);
+        const lower = shown.map((p) => `${xScale(p.x).toFixed(1)},${yScale(p.p20_ms).toFixed(1)}`)
+          .reverse();
+        svgElement("polygon", { points: [...upper, ...lower].join(" "), fill: s.colour,
+                                class: "series-band", "data-provider": s.provider }, root);
       }
-      const legendY = margin.top + 14 + s * 20;
-      svgElement("rect", { x: width - margin.right + 14, y: legendY - 9, width: 12, height: 12,
-                           fill: color }, root);
-      svgElement("text", { x: width - margin.right + 32, y: legendY + 1, class: "legend-label" },
-                 root).textContent = series.label;
+      const path = shown.map((p, k) => `${k ? "L" : "M"}${xScale(p.x).toFixed(1)},${yScale(value(p)).toFixed(1)}`).join(" ");
+      svgElement("path", { d: path, stroke: s.colour, "data-provider": s.provider,
+                           class: s.ours ? "series-line series-ours" : "series-line" }, root);
+      for (const point of shown) {
+        const text = mode === "latency" ? point.text
+          : `${s.label} · ${point.x.toLocaleString("en-US")} tokens · ${value(point).toPrecision(3)} ${chart.throughput.unit}`;
+        const dot = svgElement("circle", {
+          cx: xScale(point.x), cy: yScale(value(point)), r: s.ours ? 6 : 4.5, fill: s.colour,
+          class: s.ours ? "series-point series-ours" : "series-point", tabindex: 0,
+          "aria-label": text, "data-provider": s.provider, "data-x": point.x,
+          "data-value": value(point) }, root);
+        svgElement("title", {}, dot).textContent = text;
+        attachTooltip(dot, text, box, tooltip);
+      }
+    }
+    drawLegend(root, series, width - margin.right + 16, margin.top + 12);
+  }
+
+  // Horizontal bars.  rows: [{label, ours, bars: [[{value, colour, text, key}]]}];
+  // each bar is a stack of segments; `refs` are vertical reference lines (an SM count).
+  function drawBarChart(box, spec) {
+    box.replaceChildren();
+    const width = 900;
+    const labelWidth = spec.labelWidth || 320;
+    const barHeight = spec.barHeight || 16;
+    const right = 90;
+    const top = spec.refs && spec.refs.length ? 20 : 8;
+    const rowGap = 8;
+    const rowHeights = spec.rows.map((r) => r.bars.length * (barHeight + 2) + rowGap);
+    const plotHeight = rowHeights.reduce((a, b) => a + b, 0);
+    const height = top + plotHeight + 40;
+    const totals = spec.rows.flatMap((r) => r.bars.map((bar) => bar.reduce((a, s) => a + s.value, 0)));
+    const high = Math.max(spec.max || 0, ...totals, ...(spec.refs || []).map((r) => r.value), 1e-9);
+    const ticks = niceLinearTicks(spec.max && totals.every((t) => t <= spec.max) ? spec.max
+      : high * 1.02);
+    const xHigh = ticks[ticks.length - 1];
+    const plotWidth = width - labelWidth - right;
+    const xScale = (v) => labelWidth + plotWidth * v / xHigh;
+    const root = svgElement("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart-svg bar-svg",
+                                     role: "group", "aria-label": spec.title || "" }, box);
+    for (const tick of ticks) {
+      const x = xScale(tick);
+      svgElement("line", { x1: x, x2: x, y1: top, y2: top + plotHeight, class: "gridline" }, root);
+      svgElement("text", { x, y: top + plotHeight + 14, "text-anchor": "middle",
+                           class: "axis-label" }, root).textContent = formatTick(tick);
+    }
+    svgElement("text", { x: labelWidth + plotWidth / 2, y: height - 6, "text-anchor": "middle",
+                         class: "axis-title" }, root).textContent = spec.unit;
+    let y = top;
+    spec.rows.forEach((row, r) => {
+      const group = svgElement("g", { class: "bar-row-svg", "data-row": r,
+                                      "data-provider": row.provider || "" }, root);
+      const label = svgElement("text", { x: labelWidth - 8, y: y + barHeight - 3,
+                                         "text-anchor": "end",
+                                         class: row.ours ? "bar-label-svg legend-ours" : "bar-label-svg" },
+                               group);
+      label.textContent = row.label;
+      row.bars.forEach((bar, b) => {
+        let start = 0;
+        const barY = y + b * (barHeight + 2);
+        for (const segment of bar) {
+          const rect = svgElement("rect", {
+            x: xScale(start), y: barY, width: Math.max(0, xScale(start + segment.value) - xScale(start)),
+            height: barHeight, fill: segment.colour, class: row.ours ? "bar-rect bar-ours" : "bar-rect",
+            "data-value": segment.value, "data-key": segment.key || "", tabindex: segment.text ? 0 : -1,
+            "aria-label": segment.text || "" }, group);
+          if (segment.text) svgElement("title", {}, rect).textContent = segment.text;
+          start += segment.value;
+        }
+        if (spec.valueText) {
+          svgElement("text", { x: xScale(start) + 4, y: barY + barHeight - 3, class: "bar-value-svg" },
+                     group).textContent = spec.valueText(row, b, start);
+        }
+      });
+      y += rowHeights[r];
     });
+    for (const ref of spec.refs || []) {
+      const x = xScale(ref.value);
+      svgElement("line", { x1: x, x2: x, y1: top - 4, y2: top + plotHeight, class: "roof-line",
+                           "data-value": ref.value }, root);
+      svgElement("text", { x: x + 4, y: top - 8, class: "roof-label" }, root).textContent = ref.label;
+    }
+    return root;
+  }
+
+  // Measured against predicted DRAM bytes, log-log, with y = x and the +-15% goal band.
+  function drawBytesChart(box, bytes, tooltip) {
+    box.replaceChildren();
+    const width = 900;
+    const height = 440;
+    const margin = { left: 76, right: 200, top: 16, bottom: 48 };
+    const values = bytes.points.flatMap((p) => [p.measured_bytes, p.cache_model_bytes,
+                                                p.logical_bytes].filter((v) => v));
+    const low = Math.min(...values) / 1.5;
+    const high = Math.max(...values) * 1.5;
+    const ticks = [];
+    for (let e = Math.floor(Math.log10(low)); e <= Math.ceil(Math.log10(high)); e += 1) {
+      ticks.push(Math.pow(10, e));
+    }
+    const lo = ticks[0];
+    const hi = ticks[ticks.length - 1];
+    const plotWidth = width - margin.left - margin.right;
+    const plotHeight = height - margin.top - margin.bottom;
+    const xScale = (v) => margin.left + plotWidth * Math.log(v / lo) / Math.log(hi / lo);
+    const yScale = (v) => margin.top + plotHeight * (1 - Math.log(v / lo) / Math.log(hi / lo));
+    const root = svgElement("svg", { viewBox: `0 0 ${width} ${height}`, class: "chart-svg",
+                                     role: "group", "aria-label": "predicted vs measured DRAM bytes" }, box);
+    const units = ["B", "kB", "MB", "GB", "TB", "PB"];
+    const byteTick = (v) => {
+      const e = Math.round(Math.log10(v));
+      return `${Math.pow(10, e % 3)} ${units[Math.floor(e / 3)]}`;
+    };
+    for (const tick of ticks) {
+      svgElement("line", { x1: xScale(tick), x2: xScale(tick), y1: margin.top,
+                           y2: margin.top + plotHeight, class: "gridline" }, root);
+      svgElement("line", { x1: margin.left, x2: margin.left + plotWidth, y1: yScale(tick),
+                           y2: yScale(tick), class: "gridline" }, root);
+      svgElement("text", { x: xScale(tick), y: margin.top + plotHeight + 16, "text-anchor": "middle",
+                           class: "axis-label" }, root).textContent = byteTick(tick);
+      svgElement("text", { x: margin.left - 6, y: yScale(tick) + 4, "text-anchor": "end",
+                           class: "axis-label" }, root).textContent = byteTick(tick);
+    }
+    const band = [[lo, lo * 1.15], [hi, hi * 1.15], [hi, hi * 0.85], [lo, lo * 0.85]];
+    svgElement("polygon", { points: band.map(([x, y]) => `${xScale(x)},${yScale(y)}`).join(" "),
+                            class: "goal-band" }, root);
+    svgElement("line", { x1: xScale(lo), y1: yScale(lo), x2: xScale(hi), y2: yScale(hi),
+                         class: "diagonal" }, root);
+    svgElement("text", { x: margin.left + plotWidth / 2, y: height - 6, "text-anchor": "middle",
+                         class: "axis-title" }, root).textContent =
+      "measured DRAM bytes (Nsight Compute, whole call, log scale)";
+    svgElement("text", { x: 14, y: margin.top + plotHeight / 2, "text-anchor": "middle",
+                         class: "axis-title",
+                         transform: `rotate(-90 14 ${margin.top + plotHeight / 2})` }, root)
+      .textContent = "predicted bytes (log scale)";
+    bytes.points.forEach((point, k) => {
+      const common = { "data-provider": point.provider, "data-case": k, tabindex: 0,
+                       "aria-label": point.text };
+      if (point.logical_bytes) {
+        const size = 7;
+        const square = svgElement("rect", { ...common, x: xScale(point.measured_bytes) - size / 2,
+          y: yScale(point.logical_bytes) - size / 2, width: size, height: size,
+          stroke: point.colour, class: "bytes-logical", "data-value": point.logical_bytes }, root);
+        attachTooltip(square, point.text, box, tooltip);
+      }
+      const dot = svgElement("circle", { ...common, cx: xScale(point.measured_bytes),
+        cy: yScale(point.cache_model_bytes), r: 5, fill: point.colour, class: "bytes-cache",
+        "data-value": point.cache_model_bytes }, root);
+      svgElement("title", {}, dot).textContent = point.text;
+      attachTooltip(dot, point.text, box, tooltip);
+    });
+    const seen = new Map();
+    for (const point of bytes.points) {
+      if (!seen.has(point.provider)) seen.set(point.provider, { provider: point.provider,
+        label: point.label, colour: point.colour, ours: point.provider.startsWith("attnlab") });
+    }
+    const legendX = width - margin.right + 16;
+    drawLegend(root, [...seen.values()], legendX, margin.top + 12);
+    const keyY = margin.top + 12 + seen.size * 20 + 14;
+    svgElement("circle", { cx: legendX + 6, cy: keyY - 3, r: 5, class: "bytes-key" }, root);
+    svgElement("text", { x: legendX + 18, y: keyY + 1, class: "legend-label" }, root)
+      .textContent = "cache-aware model";
+    svgElement("rect", { x: legendX + 2, y: keyY + 13, width: 8, height: 8, class: "bytes-logical",
+                         stroke: "#1d2330" }, root);
+    svgElement("text", { x: legendX + 18, y: keyY + 21, class: "legend-label" }, root)
+      .textContent = "logical (cold cache)";
+    svgElement("text", { x: legendX, y: keyY + 42, class: "legend-label" }, root)
+      .textContent = "band: within ±15%";
+  }
+
+  function setUpPhase(block, defaultVisible) {
+    const phase = block.phase;
+    const select = byId(`family-${phase}`);
+    const box = byId(`chart-${phase}`);
+    const tooltip = byId(`tooltip-${phase}`);
+    const toggles = byId(`toggles-${phase}`);
+    const list = toggles.querySelector(".toggle-list");
+    // What the reader chose, kept across workloads; untouched providers use the default.
+    const chosen = new Map();
+    block.charts.forEach((chart, k) => {
+      const option = document.createElement("option");
+      option.value = String(k);
+      option.textContent = chart.title + (chart.kind === "bars" ? ` (${chart.x_ticks[0].label} only)` : "");
+      select.appendChild(option);
+    });
+    const chart = () => block.charts[Number(select.value)];
+    const mode = () => document.querySelector(`input[name="metric-${phase}"]:checked`).value;
+    const visibleSet = () => new Set(chart().series.filter((s) => (chosen.has(s.provider)
+      ? chosen.get(s.provider) : s.visible)).map((s) => s.provider));
+
+    function buildToggles() {
+      list.replaceChildren();
+      const visible = visibleSet();
+      for (const s of chart().series) {
+        const label = document.createElement("label");
+        label.className = "provider-toggle";
+        label.style.setProperty("--swatch", s.colour);
+        const box = document.createElement("input");
+        box.type = "checkbox";
+        box.value = s.provider;
+        box.checked = visible.has(s.provider);
+        box.addEventListener("change", () => { chosen.set(s.provider, box.checked); draw(); });
+        const name = document.createElement("span");
+        name.textContent = s.label;
+        if (s.ours) name.className = "toggle-ours";
+        label.append(box, name);
+        list.appendChild(label);
+      }
+    }
+
+    function draw() {
+      const current = chart();
+      const visible = visibleSet();
+      const metric = mode();
+      if (current.kind === "bars") {
+        const field = current.throughput.field;
+        const rows = current.series.filter((s) => visible.has(s.provider)).map((s) => {
+          const point = s.points[0];
+          const value = metric === "latency" ? point.y_ms : point[field];
+          return { label: s.label, provider: s.provider, ours: s.ours,
+                   bars: [[{ value: value === null ? 0 : value, colour: s.colour,
+                             text: metric === "latency" ? point.text
+                               : `${s.label}: ${value === null ? "not measured" : value.toPrecision(3)} ${current.throughput.unit}` }]] };
+        });
+        const roof = current.throughput.roof;
+        drawBarChart(box, {
+          title: current.title, rows, labelWidth: 220, barHeight: 18,
+          unit: metric === "latency" ? `median latency at ${current.x_ticks[0].label} (ms)`
+            : `${current.throughput.unit} at ${current.x_ticks[0].label}`,
+          refs: metric === "throughput" && roof ? [{ value: roof.value, label: roof.label }] : [],
+          valueText: (row, b, total) => (metric === "latency" ? `${total.toPrecision(3)} ms`
+            : `${total.toPrecision(3)}`),
+        });
+      } else {
+        drawLineChart(box, current, metric, visible, tooltip);
+      }
+      box.dataset.kind = current.kind;
+    }
+
+    function render() {
+      const current = chart();
+      buildToggles();
+      setText(`headline-${phase}`, current.headline);
+      setText(`not-measured-${phase}`, current.not_measured);
+      byId(`not-measured-${phase}`).hidden = !current.not_measured;
+      setText(`note-${phase}`, current.note);
+      draw();
+    }
+    toggles.querySelector('[data-toggle="all"]').addEventListener("click", () => {
+      for (const s of chart().series) chosen.set(s.provider, true);
+      render();
+    });
+    toggles.querySelector('[data-toggle="default"]').addEventListener("click", () => {
+      chosen.clear();
+      render();
+    });
+    select.addEventListener("change", render);
+    for (const radio of document.querySelectorAll(`input[name="metric-${phase}"]`)) {
+      radio.addEventListener("change", draw);
+    }
+    render();
+    return { render, defaultVisible };
   }
 
   function setUpMeasured() {
     const measured = DATA.measured;
-    for (const phase of ["prefill", "decode"]) {
-      const charts = measured.charts[phase];
-      const select = byId(`latency-${phase}-family`);
-      const box = byId(`latency-${phase}-chart`);
-      if (!select || !box || charts.length === 0) continue;
-      const tooltip = byId(`latency-${phase}-tooltip`);
-      charts.forEach((chart, k) => {
-        const option = document.createElement("option");
-        option.value = String(k);
-        option.textContent = chart.title;
-        select.appendChild(option);
-      });
-      const render = () => {
-        const chart = charts[Number(select.value)];
-        drawLatencyChart(box, chart, tooltip);
-        setText(`latency-${phase}-note`, chart.note);
-      };
-      select.addEventListener("change", render);
-      render();
+    for (const block of measured.phases) {
+      if (byId(`family-${block.phase}`) && block.charts.length) {
+        setUpPhase(block, measured.default_visible);
+      }
+    }
+    if (measured.bytes.points.length && byId("bytes-chart")) {
+      drawBytesChart(byId("bytes-chart"), measured.bytes, byId("bytes-tooltip"));
     }
   }
 
-  // ---------------------------------------------------------------- 5. Amdahl
+  // ---------------------------------------------------------------- 5. profiler
+  function setUpProfiler() {
+    const profiler = DATA.profiler;
+    if (!profiler.available) return;
+    const listSelect = byId("kernel-list");
+    if (listSelect) {
+      profiler.kernel_lists.forEach((entry, k) => {
+        const option = document.createElement("option");
+        option.value = String(k);
+        option.textContent = entry.title;
+        listSelect.appendChild(option);
+      });
+      listSelect.value = String(profiler.kernel_list_default);
+      const renderList = () => {
+        const entry = profiler.kernel_lists[Number(listSelect.value)];
+        setText("kernel-list-sentence", entry.sentence);
+        drawBarChart(byId("kernel-list-chart"), {
+          title: entry.title, unit: "time in the call (µs)", labelWidth: 320,
+          rows: entry.kernels.map((k) => ({ label: `${k.label}${k.calls > 1 ? ` ×${k.calls}` : ""}`,
+            bars: [[{ value: k.total_us, colour: k.colour, text: k.text, key: k.is_gemm ? "gemm" : "other" }]] })),
+          valueText: (row, b, total) => `${total.toFixed(1)} µs`,
+        });
+        drawBarChart(byId("launch-count-chart"), {
+          title: "launches per provider", unit: "kernel launches per call", labelWidth: 320,
+          rows: entry.launch_counts.map((c) => ({ label: c.label, provider: c.provider,
+            ours: c.provider.startsWith("attnlab"),
+            bars: [[{ value: c.launches, colour: c.colour, text: c.text }]] })),
+          valueText: (row, b, total) => String(total),
+        });
+      };
+      listSelect.addEventListener("change", renderList);
+      renderList();
+    }
+    const workloadSelect = byId("ncu-workload");
+    if (!workloadSelect) return;
+    profiler.workloads.forEach((workload, k) => {
+      const option = document.createElement("option");
+      option.value = String(k);
+      option.textContent = workload.title;
+      workloadSelect.appendChild(option);
+    });
+    workloadSelect.value = String(profiler.workload_default);
+    const percent = (v) => (v === null ? 0 : v);
+    const renderWorkload = () => {
+      const workload = profiler.workloads[Number(workloadSelect.value)];
+      const colours = profiler.sol_colours;
+      setText("sol-sentence", workload.sol_sentence);
+      setText("stall-sentence", workload.stall_sentence);
+      setText("occupancy-sentence", workload.occupancy_sentence);
+      drawBarChart(byId("sol-chart"), {
+        title: "speed of light", unit: "% of peak", max: 100, labelWidth: 360, barHeight: 12,
+        rows: workload.rows.map((r) => ({ label: r.row_label, provider: r.provider, ours: r.ours,
+          bars: [[{ value: percent(r.sol_compute_pct), colour: colours.compute, key: "compute",
+                    text: `${r.row_label}: compute ${r.sol_compute_pct}% of peak` }],
+                 [{ value: percent(r.sol_memory_pct), colour: colours.memory, key: "memory",
+                    text: `${r.row_label}: memory ${r.sol_memory_pct}% of peak` }]] })),
+        valueText: (row, b, total) => `${total.toFixed(1)}%`,
+      });
+      const legend = byId("stall-legend");
+      legend.replaceChildren();
+      for (const item of workload.stall_legend) {
+        const swatch = document.createElement("span");
+        swatch.className = "swatch";
+        swatch.style.background = item.colour;
+        legend.append(swatch, ` ${item.label}  `);
+      }
+      const stallColour = new Map(workload.stall_legend.map((i) => [i.reason, i.colour]));
+      drawBarChart(byId("stall-chart"), {
+        title: "warp stalls", unit: "warp cycles per issued instruction", labelWidth: 360,
+        rows: workload.rows.map((r) => ({ label: r.row_label, provider: r.provider, ours: r.ours,
+          bars: [r.stall_segments.map((s) => ({ value: s.value, colour: stallColour.get(s.reason),
+            key: s.reason, text: `${r.row_label}: ${s.reason.replace(/_/g, " ")} ${s.value.toFixed(2)} cycles` }))] })),
+        valueText: (row, b, total) => total.toFixed(2),
+      });
+      const sms = workload.sms;
+      // Bars stop at BLOCKS_PER_SM_SHOWN; the label gives the true count (eager's elementwise
+      // kernels launch thousands of blocks per SM).
+      const BLOCKS_PER_SM_SHOWN = 16;
+      drawBarChart(byId("blocks-chart"), {
+        title: "blocks per SM", labelWidth: 360, barHeight: 14, max: BLOCKS_PER_SM_SHOWN,
+        unit: `blocks launched per SM${sms ? ` (${sms} SMs)` : ""}; bars stop at ${BLOCKS_PER_SM_SHOWN}`,
+        rows: workload.rows.filter((r) => r.blocks_per_sm !== null).map((r) => ({
+          label: r.row_label, provider: r.provider, ours: r.ours,
+          note: `${r.grid_blocks.toLocaleString("en-US")} blocks (${r.blocks_per_sm.toFixed(2)}/SM)`,
+          bars: [[{ value: Math.min(r.blocks_per_sm, BLOCKS_PER_SM_SHOWN), colour: r.colour, key: "blocks",
+                    text: `${r.row_label}: ${r.grid_blocks.toLocaleString("en-US")} blocks on ${r.sms} SMs (${r.blocks_per_sm.toFixed(2)} per SM)` }]] })),
+        refs: [{ value: 1, label: "one block per SM" }],
+        valueText: (row) => row.note,
+      });
+      drawBarChart(byId("occupancy-chart"), {
+        title: "achieved occupancy", unit: "achieved occupancy (% of the SM's warp slots)",
+        max: 100, labelWidth: 360, barHeight: 14,
+        rows: workload.rows.filter((r) => r.occupancy_pct !== null).map((r) => ({
+          label: r.row_label, provider: r.provider, ours: r.ours,
+          bars: [[{ value: r.occupancy_pct, colour: r.colour, key: "occupancy",
+                    text: `${r.row_label}: ${r.occupancy_pct.toFixed(1)}% achieved occupancy, ${r.threads_per_block} threads per block, ${r.registers_per_thread} registers per thread` }]] })),
+        valueText: (row, b, total) => `${total.toFixed(1)}%`,
+      });
+    };
+    workloadSelect.addEventListener("change", renderWorkload);
+    renderWorkload();
+  }
+
+  // ---------------------------------------------------------------- 6. Amdahl
   function setUpAmdahl() {
     const amdahl = DATA.amdahl;
     const shareSlider = byId("amdahl-time-share");
@@ -454,6 +846,7 @@
   onlineWalk.show(0);
   setUpBlockWalk();
   setUpMeasured();
+  setUpProfiler();
   setUpAmdahl();
 
   // For tests and the curious: the data and the one formula computed here.

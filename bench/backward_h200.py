@@ -1,0 +1,413 @@
+"""Backward kernels on the H200: correctness, a small tile sweep, forward+backward timings.
+
+    PYTHONPATH=src python3 bench/backward_h200.py --out $OUT [--quick]
+        [--phases correct,tune,bench] [--tune-heads 64,128,256] [--flex all|default|none]
+
+1. correctness: dQ, dK, dV against float64 autograd by the gradient rule
+   (``attnlab.accuracy.check_gradients``) on a compact grid (every head dim of issue
+   #12, fp16 and bf16, masks, GQA, ragged lengths), plus bit-identical repeats;
+   written to ``backward_correctness.jsonl``; a failing case is recorded and the run
+   goes on.
+2. tune: BackwardConfig candidates for the backward alone at N = 4k, per (head dim,
+   masked); dK/dV tiles first with the dQ tiles fixed, then dQ tiles with the best
+   dK/dV; the fastest accurate one per (head_dim_pad, masked, length bucket) as JSON
+   lines in ``backward_tuning.jsonl`` (``"what": "backward_config_winner"``) and as
+   ``BACKWARD_TUNED`` lines for ``attnlab/kernels/configs.py``.
+3. bench: forward + backward (phase ``fwdbwd``), bf16, causal and not, d = 128 and 64
+   with 16 heads at batch * seqlen = 16k, N in {1k, 4k, 16k}, and the GQA layer
+   (24 q / 4 kv heads, d = 256, causal) at 4k and 16k; providers SDPA-cuDNN,
+   SDPA-flash, FlexAttention (torch.compile'd), attnlab and attnlab with
+   ``deterministic=True``.  TFLOP/s count 3.5x the forward's 4 B H N^2 d (halved when
+   causal); peak memory per provider is its own record (metric ``peak_memory``).
+   Records in ``attnlab.measure.records``' schema, upserted into
+   ``backward_bench.jsonl``.
+
+Default: about 5 minutes including compiles; ``--quick``: a thinned correctness grid
+and four benchmark points, about 2 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+from attnlab.accuracy import check_gradients
+from attnlab.kernels import configs as config_table
+from attnlab.kernels.backward import flash_backward
+from attnlab.kernels.configs import BackwardConfig, backward_config, head_dim_padded, length_bucket
+from attnlab.kernels.forward import flash_forward
+from attnlab.measure.providers import prepare, provider
+from attnlab.measure.records import environment, make_record, skipped_record, upsert_records
+from attnlab.measure.timing import time_call
+from attnlab.model.flops import conventional_attention_flops
+from attnlab.shapes import AttentionShape
+
+COMMAND = "PYTHONPATH=src python3 bench/backward_h200.py " + " ".join(sys.argv[1:])
+FWDBWD_FACTOR = 3.5  # forward + backward = 3.5x the forward's matmul FLOPs (2.5x for backward)
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def log_line(path: str, row: dict) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def make_inputs(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rand(h, n):
+        return torch.randn(batch, n, h, head_dim, device="cuda", dtype=dtype, generator=gen)
+
+    return rand(heads, seqlen_q), rand(kv_heads, seqlen_k), rand(kv_heads, seqlen_k), \
+        rand(heads, seqlen_q)
+
+
+def gradients(q, k, v, dout, *, config=None, deterministic=False, **options):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = flash_forward(q, k, v, layout="bshd", scale=scale, **options)
+    return flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale, config=config,
+                          deterministic=deterministic, **options)
+
+
+# ---------------------------------------------------------------------------
+MASKS = {
+    "none": {},
+    "causal": {"causal": True},
+    "window": {"window": (37, 5)},
+    "softcap": {"softcap": 20.0, "causal": True},
+}
+HEAD_DIMS = (32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
+
+
+def correctness_cases(quick: bool) -> list[tuple]:
+    pairs = [(1, 1), (1, 239), (239, 1), (113, 203), (203, 113), (1023, 1024), (2048, 2048)]
+    heads = [(4, 4), (6, 2), (4, 1)]
+    cases = []
+    for i, (head_dim, pair, mask) in enumerate(itertools.product(HEAD_DIMS, pairs, MASKS)):
+        if i % (7 if quick else 3):
+            continue
+        cases.append((head_dim, pair, heads[i % 3], mask, "bf16" if i % 2 else "fp16"))
+    return cases
+
+
+def phase_correct(out_dir: str, env: dict, quick: bool, budget_s: float) -> int:
+    path = os.path.join(out_dir, "backward_correctness.jsonl")
+    started, failures, count = time.time(), 0, 0
+    for head_dim, (seqlen_q, seqlen_k), (hq, hk), mask, dtype in correctness_cases(quick):
+        if time.time() - started > budget_s:
+            print("correct: time budget spent", flush=True)
+            break
+        row = {"what": "backward_accuracy", "head_dim": head_dim, "seqlen_q": seqlen_q,
+               "seqlen_k": seqlen_k, "heads": hq, "kv_heads": hk, "mask": mask, "dtype": dtype,
+               **env}
+        try:
+            q, k, v, dout = make_inputs(2, hq, hk, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
+                                        seed=head_dim + seqlen_q)
+            grads = gradients(q, k, v, dout, **MASKS[mask])
+            again = gradients(q, k, v, dout, deterministic=True, **MASKS[mask])
+            checks = check_gradients(grads, q, k, v, dout, layout="bshd",
+                                     scale=1.0 / math.sqrt(head_dim), **MASKS[mask])
+            identical = all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
+            passed = all(c.passed for c in checks) and identical
+            row.update(passed=passed, bit_identical=identical,
+                       errors={c.name: [c.error, c.allowed] for c in checks})
+        except Exception as error:  # noqa: BLE001 - a crashing case is a recorded failure
+            passed = False
+            row.update(passed=False, error=f"{type(error).__name__}: {str(error)[:300]}")
+        count += 1
+        failures += not passed
+        log_line(path, row)
+        if not passed:
+            print(f"FAIL d={head_dim} {seqlen_q}x{seqlen_k} h={hq}/{hk} {mask} {dtype}: "
+                  f"{row.get('errors', row.get('error'))}", flush=True)
+    print(f"correctness: {count - failures}/{count} passed ({time.time() - started:.0f} s)",
+          flush=True)
+    return failures
+
+
+# ---------------------------------------------------------------------------
+TUNE_SHAPES = {  # head_dim -> (query_heads, kv_heads): the benchmark's layers at N = 4k
+    64: (16, 16), 128: (16, 16), 256: (24, 4),
+}
+
+
+def dkdv_candidates(head_dim: int) -> list[tuple[int, int, int, int]]:
+    """(dkdv_block_m, dkdv_block_n, num_warps, num_stages)."""
+    if head_dim >= 256:
+        return [(32, 64, 8, 1), (64, 64, 8, 1), (32, 64, 4, 2), (64, 32, 4, 2), (16, 64, 4, 2)]
+    return [(64, 128, 8, 2), (32, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 2),
+            (128, 128, 8, 2)]
+
+
+def dq_candidates(head_dim: int) -> list[tuple[int, int]]:
+    if head_dim >= 256:
+        return [(64, 64), (64, 32), (128, 32), (32, 64)]
+    return [(128, 64), (64, 64), (128, 32), (64, 128), (128, 128)]
+
+
+def time_backward(q, k, v, dout, out, lse, config, causal) -> float:
+    scale = 1.0 / math.sqrt(q.shape[-1])
+
+    def call():
+        flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale, causal=causal,
+                       config=config)
+
+    return time_call(call, [()], device="cuda", warmup=2, target_ms=150, min_repeats=5,
+                     max_repeats=40).p50
+
+
+def accurate(config: BackwardConfig, head_dim: int, causal: bool) -> bool:
+    """The config on a small ragged GQA shape with the same head dim and mask."""
+    q, k, v, dout = make_inputs(1, 6, 2, 333, 333 if causal else 397, head_dim, torch.bfloat16,
+                                seed=5)
+    grads = gradients(q, k, v, dout, config=config, causal=causal)
+    return all(c.passed for c in check_gradients(grads, q, k, v, dout, layout="bshd",
+                                                 scale=1.0 / math.sqrt(head_dim), causal=causal))
+
+
+def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float) -> dict:
+    path = os.path.join(out_dir, "backward_tuning.jsonl")
+    started = time.time()
+    winners: dict[tuple[int, bool, int], BackwardConfig] = {}
+    seqlen = 4096
+    for head_dim, causal in itertools.product(head_dims, (True, False)):
+        if time.time() - started > budget_s:
+            print("tune: time budget spent", flush=True)
+            break
+        hq, hk = TUNE_SHAPES[head_dim]
+        batch = max(1, 16384 // seqlen)
+        shape = AttentionShape(batch=batch, query_heads=hq, kv_heads=hk, seqlen_q=seqlen,
+                               seqlen_k=seqlen, head_dim=head_dim, dtype="bf16", causal=causal)
+        backward_flops = 2.5 * conventional_attention_flops(shape)
+        q, k, v, dout = make_inputs(batch, hq, hk, seqlen, seqlen, head_dim, torch.bfloat16)
+        out, lse = flash_forward(q, k, v, layout="bshd", scale=1.0 / math.sqrt(head_dim),
+                                 causal=causal)
+        base = backward_config(shape)
+        scored = []
+
+        def try_config(config: BackwardConfig, stage: str) -> None:
+            row = {"what": "backward_config", "stage": stage, "head_dim": head_dim,
+                   "masked": causal, "shape": shape.as_dict(), "config": config.as_dict(), **env}
+            try:
+                t0 = time.time()
+                ms = time_backward(q, k, v, dout, out, lse, config, causal)
+                row.update(p50_ms=ms, tflops=backward_flops / ms / 1e9,
+                           seconds_with_compile=time.time() - t0,
+                           accurate=accurate(config, head_dim, causal))
+                if row["accurate"]:
+                    scored.append((ms, config))
+            except Exception as error:  # noqa: BLE001 - a config that cannot run is data
+                row.update(error=f"{type(error).__name__}: {str(error)[:300]}")
+            log_line(path, row)
+
+        for block_m, block_n, warps, stages in dkdv_candidates(head_dim):
+            if time.time() - started > budget_s:
+                break
+            try_config(BackwardConfig(block_m, block_n, base.dq_block_m, base.dq_block_n,
+                                      warps, stages), "dkdv")
+        if not scored:
+            continue
+        best = min(scored)[1]
+        for block_m, block_n in dq_candidates(head_dim):
+            if time.time() - started > budget_s:
+                break
+            candidate = BackwardConfig(best.dkdv_block_m, best.dkdv_block_n, block_m, block_n,
+                                       best.num_warps, best.num_stages)
+            if candidate != best:
+                try_config(candidate, "dq")
+        best_ms, best = min(scored)
+        key = (head_dim_padded(head_dim), causal, length_bucket(seqlen))
+        winners[key] = best
+        log_line(path, {"what": "backward_config_winner", "head_dim_pad": key[0],
+                        "masked": causal, "bucket": key[2], "config": best.as_dict(),
+                        "p50_ms": best_ms, "tflops": backward_flops / best_ms / 1e9, **env})
+        print(f"tune d={head_dim} masked={causal}: {best} {backward_flops / best_ms / 1e9:.0f} "
+              f"TFLOP/s (backward only)", flush=True)
+    if winners:
+        print("\nBACKWARD_TUNED = {")
+        for (d, m, b), c in sorted(winners.items()):
+            print(f"    ({d}, {m}, {b}): BackwardConfig({c.dkdv_block_m}, {c.dkdv_block_n}, "
+                  f"{c.dq_block_m}, {c.dq_block_n}, {c.num_warps}, {c.num_stages}),")
+        print("}")
+    return winners
+
+
+# ---------------------------------------------------------------------------
+def bench_shapes(quick: bool) -> list[AttentionShape]:
+    shapes = []
+    for head_dim, causal, seqlen in itertools.product((128, 64), (True, False),
+                                                      (1024, 4096, 16384)):
+        shapes.append(AttentionShape(batch=16384 // seqlen, query_heads=16, kv_heads=16,
+                                     seqlen_q=seqlen, seqlen_k=seqlen, head_dim=head_dim,
+                                     dtype="bf16", causal=causal))
+    for seqlen in (4096, 16384):
+        shapes.append(AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=seqlen,
+                                     seqlen_k=seqlen, head_dim=256, dtype="bf16", causal=True))
+    if quick:
+        shapes = [s for s in shapes if s.seqlen_q == 4096 and (s.causal or s.head_dim == 128)]
+    return shapes
+
+
+def flex_wanted(shape: AttentionShape, mode: str) -> str | None:
+    """None when FlexAttention runs on this shape, else the reason it does not."""
+    if mode == "all":
+        return None
+    if mode == "none":
+        return "FlexAttention not requested (--flex none)"
+    if shape.seqlen_q == 1024 or shape.head_dim == 64:
+        return ("not run in the default 5-minute budget (each shape is a ~30 s compile of "
+                "forward and backward); run with --flex all")
+    return None
+
+
+def _attnlab_deterministic(shape: AttentionShape):
+    from attnlab import attention
+
+    options = {"causal": shape.causal, "scale": shape.softmax_scale,
+               "enable_gqa": shape.group_size > 1, "impl": "triton", "deterministic": True}
+
+    def call(q, k, v, grad_out):
+        return torch.autograd.grad(attention(q, k, v, **options), (q, k, v), grad_out)
+
+    return call
+
+
+def measure(name: str, call, inputs: tuple, shape: AttentionShape, record_env: dict,
+            profile: bool, unpinned_call=None, pin=None) -> list[dict]:
+    """Latency and peak-memory records of one provider call.  The timer enters an SDPA
+    backend pin once, outside the timed region; the memory and profile calls run pinned."""
+    timing = time_call(unpinned_call or call, [inputs], device="cuda", warmup=3, target_ms=200,
+                       min_repeats=5, max_repeats=50, context=pin)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    call(*inputs)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    names = []
+    if profile:
+        try:
+            from attnlab.measure.dispatch import profile_call
+
+            names = [kernel.name for kernel in profile_call(call, inputs).kernels]
+        except Exception as error:  # noqa: BLE001 - the timing stands; say why names are missing
+            print(f"{name}: profiler failed: {error}", flush=True)
+    flops = FWDBWD_FACTOR * conventional_attention_flops(shape)
+    latency = make_record(kernel="call", provider=name, phase="fwdbwd", shape=shape,
+                          metric="latency", unit="ms", p20=timing.p20, p50=timing.p50,
+                          p80=timing.p80, repeats=timing.repeats,
+                          tflops=flops / timing.p50 / 1e9, kernel_names=names, env=record_env)
+    memory = make_record(kernel="call", provider=name, phase="fwdbwd", shape=shape,
+                         metric="peak_memory", unit="bytes", p20=peak, p50=peak, p80=peak,
+                         repeats=1, kernel_names=names, env=record_env)
+    return [latency, memory]
+
+
+def phase_bench(out_dir: str, quick: bool, flex_mode: str, budget_s: float, profile: bool):
+    record_env = environment(COMMAND)
+    started = time.time()
+    records, table = [], []
+    for shape in bench_shapes(quick):
+        row = {}
+        for name in ("sdpa_cudnn", "sdpa_flash", "flex", "attnlab", "attnlab_deterministic"):
+            reason = flex_wanted(shape, flex_mode) if name == "flex" else None
+            if reason is None and time.time() - started > budget_s:
+                reason = f"bench time budget ({budget_s:.0f} s) spent before this point"
+            if reason is not None:
+                records.append(skipped_record(provider=name, phase="fwdbwd", shape=shape,
+                                              reason=reason, env=record_env))
+                continue
+            try:
+                if name == "attnlab_deterministic":
+                    prepared = prepare(provider("attnlab"), shape, "fwdbwd", "cuda")
+                    call, unpinned, pin = _attnlab_deterministic(shape), None, None
+                else:
+                    prepared = prepare(provider(name), shape, "fwdbwd", "cuda")
+                    call, unpinned, pin = prepared.call, prepared.unpinned_call, prepared.pin
+                inputs = prepared.inputs()
+                measured = measure(name, call, inputs, shape, record_env, profile,
+                                   unpinned_call=unpinned, pin=pin)
+                records.extend(measured)
+                row[name] = (measured[0]["tflops"], measured[1]["p50"])
+                del inputs
+            except Exception as error:  # noqa: BLE001 - ProviderUnavailable or a crash: recorded
+                message = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+                print(f"{name} at {shape.describe()}: {message}", flush=True)
+                records.append(skipped_record(provider=name, phase="fwdbwd", shape=shape,
+                                              reason=message, env=record_env))
+            torch.cuda.empty_cache()
+        table.append((shape, row))
+        print(f"{shape.describe()}: " + " ".join(f"{n}={t:.0f}" for n, (t, _) in row.items()),
+              flush=True)
+    upsert_records(os.path.join(out_dir, "backward_bench.jsonl"), records)
+    return table
+
+
+def print_table(table) -> None:
+    nan = float("nan")
+    print("\nforward+backward TFLOP/s (bf16, 3.5x forward FLOPs); peak MiB in brackets")
+    print(f"{'shape':44s} {'attnlab':>13s} {'det':>7s} {'cuDNN':>13s} {'flash':>13s} "
+          f"{'flex':>13s} {'vs cuDNN':>8s} {'vs flex':>8s}")
+    for shape, row in table:
+        def cell(name):
+            if name not in row:
+                return f"{'-':>13s}"
+            tflops, peak = row[name]
+            return f"{tflops:6.0f} [{peak / 2**20:5.0f}]"
+
+        ours = row.get("attnlab", (nan, 0))[0]
+        det = row.get("attnlab_deterministic", (nan, 0))[0]
+        label = (f"d={shape.head_dim} {shape.query_heads}/{shape.kv_heads} B={shape.batch} "
+                 f"N={shape.seqlen_q} {'causal' if shape.causal else 'full'}")
+        print(f"{label:44s} {cell('attnlab')} {det:7.0f} {cell('sdpa_cudnn')} "
+              f"{cell('sdpa_flash')} {cell('flex')} "
+              f"{ours / row.get('sdpa_cudnn', (nan, 0))[0]:7.2f}x "
+              f"{ours / row.get('flex', (nan, 0))[0]:7.2f}x")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--phases", default="correct,tune,bench")
+    parser.add_argument("--quick", action="store_true",
+                        help="thinned correctness grid, no tuning, four benchmark points")
+    parser.add_argument("--tune-heads", default="128,64,256",
+                        help="head dims to tune, in order, while the tune budget lasts")
+    parser.add_argument("--correct-budget", type=float, default=45.0)
+    parser.add_argument("--tune-budget", type=float, default=90.0)
+    parser.add_argument("--bench-budget", type=float, default=150.0)
+    parser.add_argument("--flex", choices=("default", "all", "none"), default="default")
+    parser.add_argument("--profile", action="store_true", help="list each call's kernels")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    phases = set(args.phases.split(","))
+    if args.quick:
+        phases.discard("tune")
+    env = environment(COMMAND)
+    print(json.dumps(env), flush=True)
+    started = time.time()
+
+    failures = phase_correct(args.out, env, args.quick, args.correct_budget) \
+        if "correct" in phases else 0
+    if "tune" in phases:
+        winners = phase_tune(args.out, env, [int(d) for d in args.tune_heads.split(",")],
+                             args.tune_budget)
+        # The benchmark below uses the winners, as a user would once they are committed.
+        config_table.BACKWARD_TUNED.update(winners)
+    table = phase_bench(args.out, args.quick, "none" if args.quick and args.flex == "default"
+                        else args.flex, args.bench_budget, args.profile) \
+        if "bench" in phases else []
+    print_table(table)
+    print(f"\ncorrectness failures: {failures}; total {time.time() - started:.0f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""The Gluon sm_90 forward (attnlab.kernels.forward_sm90) on the H200: accuracy, a sweep of
+its meta-parameters against today's Triton kernel and SDPA-cuDNN, and the SASS evidence.
+
+    ATTNLAB_GIT_COMMIT=<sha> PYTHONPATH=src python3 bench/sm90_h200.py --out $OUT [--quick]
+
+About 4 minutes (compiles included).  Writes into --out:
+  sm90_accuracy.jsonl   one row per accuracy case (the project's rule, check_accuracy)
+  sm90_forward.jsonl    one contract record per timing (attnlab.measure.records)
+  sm90_winners.json     per (head_dim, causal, length bucket): the faster attnlab kernel,
+                        the best sm90 config, and the ratios to cuDNN (a tuning step's input)
+  sm90_sass/            cuobjdump --dump-sass of the compiled variants + their evidence
+TFLOP/s count 4·B·H·N²·d, halved when causal.  A config that fails accuracy is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+from attnlab.accuracy import check_accuracy
+from attnlab.kernels import forward_sm90 as sm90
+from attnlab.kernels.configs import length_bucket
+from attnlab.kernels.forward import flash_forward
+from attnlab.measure.providers import prepare, provider
+from attnlab.measure.records import environment, make_record, upsert_records
+from attnlab.measure.timing import time_call
+from attnlab.shapes import AttentionShape
+
+COMMAND = "PYTHONPATH=src python3 bench/sm90_h200.py " + " ".join(sys.argv[1:])
+TOKENS = 16384  # batch * seqlen
+
+
+def flops(shape: AttentionShape) -> float:
+    full = 4 * shape.batch * shape.query_heads * shape.seqlen_q * shape.seqlen_k * shape.head_dim
+    return full / 2 if shape.causal else full
+
+
+def rand_qkv(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, layout, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def draw(h, n):
+        dims = (batch, n, h, head_dim) if layout == "bshd" else (batch, h, n, head_dim)
+        return torch.randn(dims, generator=gen, device="cuda", dtype=dtype)
+
+    return draw(heads, seqlen_q), draw(kv_heads, seqlen_k), draw(kv_heads, seqlen_k)
+
+
+def accuracy_case(q, k, v, *, layout, causal, config=None) -> dict:
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = sm90.flash_forward_sm90(q, k, v, layout=layout, scale=scale, causal=causal,
+                                       config=config)
+    again, _ = sm90.flash_forward_sm90(q, k, v, layout=layout, scale=scale, causal=causal,
+                                       config=config)
+    result = check_accuracy(out, lse, q, k, v, causal=causal, scale=scale, layout=layout)
+    return {"error": result.error, "allowed": result.allowed, "lse_error": result.lse_error,
+            "deterministic": bool(torch.equal(out, again)),
+            "passed": bool(result.passed and torch.equal(out, again))}
+
+
+def phase_accuracy(out_dir: str, quick: bool) -> int:
+    """A compact grid: head dims, masks, ragged lengths, GQA/MQA, both layouts and dtypes."""
+    pairs = [(1, 1), (113, 203), (203, 113), (1023, 1024), (2000, 2000)]
+    if not quick:
+        pairs += [(1, 239), (239, 1), (128, 217)]
+    rows, failures, i = [], 0, 0
+    for head_dim in sm90.SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            for (nq, nk) in pairs:
+                for heads in ((4, 4), (6, 2), (3, 1)):
+                    i += 1
+                    dtype = (torch.float16, torch.bfloat16)[i % 2]
+                    layout = ("bshd", "bhsd")[(i // 2) % 2]
+                    case = {"head_dim": head_dim, "causal": causal, "seqlen_q": nq,
+                            "seqlen_k": nk, "heads": heads, "dtype": str(dtype),
+                            "layout": layout}
+                    try:
+                        q, k, v = rand_qkv(2, *heads, nq, nk, head_dim, dtype, layout, seed=i)
+                        case.update(accuracy_case(q, k, v, layout=layout, causal=causal))
+                    except Exception as error:  # noqa: BLE001 - record it and go on
+                        case.update(passed=False, exception=f"{type(error).__name__}: {error}"[:500])
+                    rows.append(case)
+                    if not case["passed"]:
+                        failures += 1
+                        print("ACCURACY FAIL", json.dumps(case), flush=True)
+    with open(os.path.join(out_dir, "sm90_accuracy.jsonl"), "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    print(f"accuracy: {len(rows) - failures}/{len(rows)} passed", flush=True)
+    return failures
+
+
+def sweep_configs(head_dim: int, quick: bool) -> list[sm90.Sm90Config]:
+    base = sm90.DEFAULT_CONFIGS[head_dim]
+    if head_dim == 256:
+        candidates = [base, sm90.Sm90Config(64, 2, 40)]
+    else:
+        candidates = [sm90.Sm90Config(bn, st) for bn in (128, 64) for st in (2, 3)]
+        candidates.append(sm90.Sm90Config(base.block_n, base.stages, 40))
+    if quick:
+        candidates = candidates[:2]
+    return [c for c in candidates if sm90.shared_memory_bytes(head_dim, c)
+            <= sm90.SHARED_MEMORY_LIMIT]
+
+
+def record_for(name, shape, timing, env, kernel_names=()):
+    return make_record(kernel="call", provider=name, phase="prefill", shape=shape.as_dict(),
+                       metric="latency", unit="ms", p20=timing.p20, p50=timing.p50,
+                       p80=timing.p80, repeats=timing.repeats,
+                       tflops=flops(shape) / timing.p50 / 1e9, kernel_names=kernel_names,
+                       env=env, timing_method=timing.describe_method())
+
+
+def time_shape(shape: AttentionShape, configs, env, records, failed_configs) -> dict:
+    """Every sm90 config, today's Triton kernel and SDPA-cuDNN on one shape; TFLOP/s by name."""
+    q, k, v = rand_qkv(shape.batch, shape.query_heads, shape.kv_heads, shape.seqlen_q,
+                       shape.seqlen_k, shape.head_dim, torch.bfloat16, "bshd", seed=1)
+    scale = shape.softmax_scale
+    row = {}
+
+    def timed(name, fn, inputs, context=None, kernel_names=()):
+        try:
+            timing = time_call(fn, inputs, device="cuda", target_ms=50.0, context=context)
+        except Exception as error:  # noqa: BLE001 - print, record nothing, go on
+            print(f"  {name}: {type(error).__name__}: {str(error)[:200]}", flush=True)
+            return
+        records.append(record_for(name, shape, timing, env, kernel_names))
+        row[name] = flops(shape) / timing.p50 / 1e9
+
+    for config in configs:
+        key = (shape.head_dim, shape.causal, config)
+        if key in failed_configs:
+            continue
+        name = f"sm90[n{config.block_n},s{config.stages},r{config.producer_regs}]"
+        timed(name, lambda q, k, v, c=config: sm90.flash_forward_sm90(
+            q, k, v, layout="bshd", scale=scale, causal=shape.causal, config=c),
+            [(q, k, v)], kernel_names=["_attn_fwd_sm90_ws"])
+    timed("attnlab_triton", lambda q, k, v: flash_forward(q, k, v, layout="bshd", scale=scale,
+                                                          causal=shape.causal),
+          [(q, k, v)], kernel_names=["_attn_fwd"])
+    try:
+        cudnn = prepare(provider("sdpa_cudnn"), shape, "prefill", "cuda")
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's layout, no copy
+        timed("sdpa_cudnn", cudnn.unpinned_call, [(qt, kt, vt)], context=cudnn.pin)
+    except Exception as error:  # noqa: BLE001
+        print(f"  sdpa_cudnn unavailable: {error}", flush=True)
+    return row
+
+
+def check_configs(configs, head_dim, causal, failed_configs, accuracy_rows):
+    """Each config once on a ragged GQA shape before it is timed."""
+    for config in configs:
+        try:
+            q, k, v = rand_qkv(1, 6, 2, 1000, 1337, head_dim, torch.bfloat16, "bshd",
+                               seed=head_dim)
+            case = accuracy_case(q, k, v, layout="bshd", causal=causal, config=config)
+        except Exception as error:  # noqa: BLE001
+            case = {"passed": False, "exception": f"{type(error).__name__}: {error}"[:500]}
+        case.update(head_dim=head_dim, causal=causal, config=config.__dict__)
+        accuracy_rows.append(case)
+        if not case["passed"]:
+            failed_configs.add((head_dim, causal, config))
+            print("CONFIG FAILS ACCURACY, not timed:", json.dumps(case), flush=True)
+
+
+def phase_sweep(out_dir, env, quick, budget_s) -> list[tuple]:
+    started = time.time()
+    records, table, failed, accuracy_rows = [], [], set(), []
+    groups = [(128, 16, 16), (64, 16, 16)]
+    lengths = (1024, 4096, 16384)
+    plan = [(d, hq, hk, causal, n) for d, hq, hk in groups for causal in (False, True)
+            for n in lengths]
+    plan += [(256, 24, 4, True, n) for n in (1024, 4096, 16384)]  # the GQA layer
+    if quick:
+        plan = [p for p in plan if p[4] == 4096]
+    checked = set()
+    for d, hq, hk, causal, n in plan:
+        if time.time() - started > budget_s:
+            print("sweep: time budget spent; stopping", flush=True)
+            break
+        configs = sweep_configs(d, quick)
+        if (d, causal) not in checked:
+            check_configs(configs, d, causal, failed, accuracy_rows)
+            checked.add((d, causal))
+        shape = AttentionShape(batch=max(1, TOKENS // n), query_heads=hq, kv_heads=hk,
+                               seqlen_q=n, seqlen_k=n, head_dim=d, dtype="bf16", causal=causal)
+        try:
+            row = time_shape(shape, configs, env, records, failed)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            continue
+        table.append((d, hq, hk, causal, n, row))
+        best = max(((t, name) for name, t in row.items() if name.startswith("sm90")),
+                   default=(float("nan"), "-"))
+        print(f"d={d} h={hq}/{hk} causal={causal!s:5} N={n:5}: best sm90 {best[0]:4.0f} "
+              f"({best[1]})  triton {row.get('attnlab_triton', float('nan')):4.0f}  "
+              f"cudnn {row.get('sdpa_cudnn', float('nan')):4.0f}", flush=True)
+    upsert_records(os.path.join(out_dir, "sm90_forward.jsonl"), records)
+    with open(os.path.join(out_dir, "sm90_config_accuracy.jsonl"), "w") as f:
+        for row in accuracy_rows:
+            f.write(json.dumps(row) + "\n")
+    return table
+
+
+def winners(table) -> list[dict]:
+    """Per (head_dim, causal, length bucket): which attnlab kernel to dispatch, and its ratios."""
+    nan = float("nan")
+    rows = []
+    for d, hq, hk, causal, n, row in table:
+        sm90_rows = {name: t for name, t in row.items() if name.startswith("sm90")}
+        best_name = max(sm90_rows, key=sm90_rows.get) if sm90_rows else None
+        best = sm90_rows.get(best_name, nan) if best_name else nan
+        triton_t, cudnn_t = row.get("attnlab_triton", nan), row.get("sdpa_cudnn", nan)
+        rows.append({
+            "head_dim": d, "heads": [hq, hk], "causal": causal, "bucket": length_bucket(n),
+            "seqlen": n, "winner": "sm90" if best > triton_t else "triton",
+            "sm90_config": best_name, "sm90_tflops": best, "triton_tflops": triton_t,
+            "cudnn_tflops": cudnn_t, "sm90_vs_triton": best / triton_t,
+            "sm90_vs_cudnn": best / cudnn_t, "triton_vs_cudnn": triton_t / cudnn_t,
+        })
+    return rows
+
+
+def phase_sass(out_dir: str) -> None:
+    """SASS + evidence (n_regs, spills, setmaxnreg, ex2 between the waits) per launched variant."""
+    folder = os.path.join(out_dir, "sm90_sass")
+    os.makedirs(folder, exist_ok=True)
+    summary = []
+    for cache in getattr(sm90._attn_fwd_sm90_ws, "device_caches", {}).values():
+        for i, (key, kernel) in enumerate(cache[0].items()):
+            try:
+                kernel._init_handles()
+                tag = f"variant{i}"
+                entry = {"tag": tag, "specialisation": str(key)[:600], "n_regs": kernel.n_regs,
+                         "n_spills": kernel.n_spills, "shared": kernel.metadata.shared,
+                         **sm90.overlap_evidence(kernel.asm)}
+                sass = sm90.disassemble(kernel.asm["cubin"])
+                if sass is not None and i < 4:
+                    with open(os.path.join(folder, f"{tag}.sass"), "w") as f:
+                        f.write(sass)
+                summary.append(entry)
+            except Exception as error:  # noqa: BLE001
+                summary.append({"tag": f"variant{i}", "error": str(error)[:300]})
+    with open(os.path.join(folder, "evidence.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    for entry in summary[:6]:
+        print("sass:", json.dumps({k: entry.get(k) for k in (
+            "tag", "n_regs", "n_spills", "shared", "setmaxnreg", "ex2_between_waits",
+            "local_memory_ops", "error")}, default=str), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--quick", action="store_true", help="N=4k only, two configs per d")
+    parser.add_argument("--sweep-budget", type=float, default=170.0)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    env = environment(COMMAND)
+    print(json.dumps(env), flush=True)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU (an sm_90 one for the kernel itself)", flush=True)
+        return 0
+    q = torch.empty(1, 128, 1, 128, device="cuda", dtype=torch.bfloat16)
+    ok, reason = sm90.supports(q, q, q, causal=True)
+    if not ok:
+        print(f"the sm90 kernel does not run here: {reason}", flush=True)
+        return 0
+    started = time.time()
+    failures = phase_accuracy(args.out, args.quick)
+    print(f"accuracy phase: {time.time() - started:.0f} s", flush=True)
+    table = phase_sweep(args.out, env, args.quick, args.sweep_budget)
+    table_rows = winners(table)
+    with open(os.path.join(args.out, "sm90_winners.json"), "w") as f:
+        json.dump({"env": env, "winners": table_rows}, f, indent=1)
+    try:
+        phase_sass(args.out)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+
+    print("\nbf16 TFLOP/s          sm90(best) / triton / cudnn   sm90/triton  sm90/cudnn  config")
+    for r in table_rows:
+        print(f"  d={r['head_dim']:3d} h={r['heads'][0]:2d}/{r['heads'][1]:2d} "
+              f"causal={r['causal']!s:5} N={r['seqlen']:5d}: {r['sm90_tflops']:5.0f} / "
+              f"{r['triton_tflops']:5.0f} / {r['cudnn_tflops']:5.0f}   "
+              f"{r['sm90_vs_triton']:6.2f}x    {r['sm90_vs_cudnn']:6.2f}x   {r['sm90_config']}")
+    print(f"accuracy failures: {failures}; total {time.time() - started:.0f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""The one argument-validation module: types, ranges, windows, scales, choices.
+
+Every public entry point (the API, the reference, the models, the CLI) checks its
+arguments with these functions, so a bad value always gets the same kind of
+answer: a ``ValueError`` (wrong value) or ``TypeError`` (wrong kind) that names the
+argument and what is allowed, quoting at most a short prefix of the value.
+
+Scalars: a NumPy scalar or a 0-d tensor is accepted wherever a Python number is
+(flash-attn takes ``np.float32(0.125)`` as ``softmax_scale``); ``bool`` is never an
+int.  Pure Python: torch and NumPy are recognised duck-typed, never imported, so
+the models can use this module without a tensor library.
+"""
+
+from __future__ import annotations
+
+import math
+import reprlib
+from collections.abc import Iterable
+from typing import Any
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """A value of the wrong kind (a str for an int, a float for a window side).
+
+    Both a TypeError (what Python and flash-attn raise for a wrong type) and a
+    ValueError (what the models documented before this module existed), so a caller
+    that catches either one catches it.
+    """
+
+
+# A value longer than this is quoted by its first characters only: an error message
+# must stay one readable line whatever the input was (a 2 GB string included).
+QUOTE_LIMIT = 60
+
+
+def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)``, cut to ``limit`` characters with an ellipsis.
+
+    Bounded work whatever the value: strings are cut before ``repr`` and containers
+    are summarised a few levels deep (a YAML alias bomb's nested lists would
+    otherwise take exponential time and memory to print).
+    """
+    if isinstance(value, (str, bytes)) and len(value) > 4 * limit:
+        value = value[: 4 * limit]
+    try:
+        text = _SHORT_REPR.repr(value)
+    except Exception:  # a broken __repr__ must not hide the real error
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _short_repr() -> reprlib.Repr:
+    short = reprlib.Repr()
+    short.maxlevel, short.maxdict, short.maxlist, short.maxtuple = 3, 4, 6, 6
+    short.maxset = short.maxfrozenset = short.maxdeque = short.maxarray = 6
+    short.maxstring, short.maxother, short.maxlong = 4 * QUOTE_LIMIT, 4 * QUOTE_LIMIT, 4 * QUOTE_LIMIT
+    return short
+
+
+_SHORT_REPR = _short_repr()
+
+
+# Exact types that are never a tensor or array: answered first, so the checks trace
+# under torch.compile(fullgraph=True) (dynamo folds these; it cannot trace str methods).
+# Exact, not isinstance: np.float64 subclasses float and still goes through as_scalar.
+_PLAIN_TYPES = (bool, int, float, complex, str, tuple, list, type(None))
+# The modules that define torch.Tensor and NumPy's ndarray / scalar base classes.
+_ARRAY_MODULES = ("torch", "numpy")
+
+
+def _is_tensor_like(value: Any) -> bool:
+    """A torch tensor or NumPy array/scalar (or a subclass), recognised without importing
+    either: one of its classes is defined in ``torch`` or ``numpy`` and it has a dtype."""
+    if type(value) in _PLAIN_TYPES:
+        return False
+    return hasattr(value, "dtype") and any(
+        getattr(cls, "__module__", None) in _ARRAY_MODULES for cls in type(value).__mro__)
+
+
+def _dtype_kind(value: Any) -> str | None:
+    """'b' bool, 'i' integer, 'f' float, 'c' complex, or None: of a NumPy or torch scalar."""
+    dtype = value.dtype
+    kind = getattr(dtype, "kind", None)  # NumPy
+    if kind in ("b", "i", "u", "f", "c"):
+        return "i" if kind == "u" else kind
+    if getattr(dtype, "is_complex", False):  # torch
+        return "c"
+    if getattr(dtype, "is_floating_point", False):
+        return "f"
+    name = str(dtype)
+    if name == "torch.bool":
+        return "b"
+    if name.startswith(("torch.int", "torch.uint")):
+        return "i"
+    return None
+
+
+def as_scalar(value: Any) -> Any:
+    """A NumPy scalar, 0-d array or 0-d tensor as the Python number it holds; else unchanged."""
+    if type(value) in _PLAIN_TYPES:
+        return value
+    if _is_tensor_like(value) and tuple(getattr(value, "shape", (None,))) == ():
+        kind = _dtype_kind(value)
+        if kind is None:
+            return value
+        item = value.item()
+        return {"b": bool, "i": int, "f": float, "c": complex}[kind](item)
+    return value
+
+
+def _range_text(minimum, maximum, *, min_open: bool = False, max_open: bool = False) -> str:
+    if minimum is not None and maximum is not None:
+        return f" in {'(' if min_open else '['}{minimum:g}, {maximum:g}{')' if max_open else ']'}"
+    if minimum is not None:
+        return f" {'>' if min_open else '>='} {minimum:g}"
+    if maximum is not None:
+        return f" {'<' if max_open else '<='} {maximum:g}"
+    return ""
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """True or False (a NumPy or 0-d tensor bool too); TypeError otherwise (1 is not True)."""
+    value = as_scalar(value)
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"{name} must be True or False, got {quote(value)}")
+    return value
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None,
+              maximum: int | None = None) -> int:
+    """An int (NumPy integer and 0-d integer tensor accepted; bool and float refused).
+
+    TypeError for the wrong kind, ValueError outside ``[minimum, maximum]``.
+    """
+    value = as_scalar(value)
+    allowed = _range_text(minimum, maximum)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"{name} must be an int{allowed}, got {quote(value)}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be an int{allowed}, got {quote(value)}")
+    return int(value)
+
+
+def check_float(name: str, value: Any, *, minimum: float | None = None,
+                maximum: float | None = None, min_open: bool = False, max_open: bool = False,
+                finite: bool = True) -> float:
+    """A real number as float (ints, NumPy and 0-d tensors accepted; bool, complex refused).
+
+    NaN is always refused; infinities unless ``finite=False``.  ``min_open`` /
+    ``max_open`` make a bound exclusive (``minimum=0, min_open=True``: > 0).
+    """
+    value = as_scalar(value)
+    allowed = _range_text(minimum, maximum, min_open=min_open, max_open=max_open)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentTypeError(f"{name} must be a number{allowed}, got {quote(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        raise ValueError(f"{name} must be a finite number{allowed}, got {quote(value)}") from None
+    if math.isnan(number) or (finite and math.isinf(number)):
+        raise ValueError(f"{name} must be a finite number{allowed}, got {quote(value)}")
+    too_low = minimum is not None and (number <= minimum if min_open else number < minimum)
+    too_high = maximum is not None and (number >= maximum if max_open else number > maximum)
+    if too_low or too_high:
+        raise ValueError(f"{name} must be a finite number{allowed}, got {quote(value)}")
+    return number
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """``value`` if it is one of ``choices``; ValueError listing them otherwise."""
+    choices = tuple(choices)
+    try:
+        found = value in choices
+    except TypeError:  # an unhashable value against a set-like: simply not a choice
+        found = False
+    if not found:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {listed}; got {quote(value)}")
+    return value
+
+
+def check_window(value: Any, name: str = "window_size") -> tuple[int, int]:
+    """flash-attn's ``(left, right)``: two ints >= -1, -1 meaning unbounded on that side."""
+    if _is_tensor_like(value) and tuple(getattr(value, "shape", ())) == (2,):
+        value = tuple(value.tolist())
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ArgumentTypeError(f"{name} must be a pair of ints (left, right), -1 = unbounded; "
+                        f"got {quote(value)}")
+    left, right = (as_scalar(side) for side in value)
+    if any(isinstance(side, bool) or not isinstance(side, int) for side in (left, right)):
+        raise ArgumentTypeError(f"{name} must be a pair of ints (left, right), -1 = unbounded; "
+                        f"got {quote(value)}")
+    if left < -1 or right < -1:
+        raise ValueError(f"{name} entries must be >= -1 (-1 = unbounded), got {quote(value)}")
+    return int(left), int(right)
+
+
+def check_scale(value: Any, head_dim: int | None = None, name: str = "scale") -> float | None:
+    """A positive finite softmax scale; None means ``1/sqrt(head_dim)`` (returned as such
+    when ``head_dim`` is given, else None)."""
+    if value is None:
+        return None if head_dim is None else 1.0 / math.sqrt(head_dim)
+    value = as_scalar(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentTypeError(f"{name} must be a positive finite float or None, got {quote(value)}")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{name} must be a positive finite float or None, got {quote(value)}")
+    return number
+
+
+def check_softcap(value: Any, name: str = "softcap") -> float:
+    """flash-attn's softcap: a finite float >= 0, 0 meaning off."""
+    value = as_scalar(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentTypeError(f"{name} must be a finite float >= 0 (0 = off), got {quote(value)}")
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{name} must be a finite float >= 0 (0 = off), got {quote(value)}")
+    return number
+
+
+def check_instance(name: str, value: Any, kind: type | tuple[type, ...]) -> Any:
+    """``value`` if it is an instance of ``kind``; TypeError naming the expected type."""
+    if not isinstance(value, kind):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        expected = " or ".join(k.__name__ for k in kinds)
+        article = "an" if expected[0] in "AEIOU" else "a"
+        raise ArgumentTypeError(f"{name} must be {article} {expected}, "
+                                f"got {type(value).__name__}")
+    return value

@@ -1,0 +1,563 @@
+"""FlashAttention-2 backward in Triton: three kernels and their launcher.
+
+FA-2 (Dao 2023) Algorithm 2 recomputes S and P tile by tile from Q, K and the
+saved LSE instead of reading an N x N matrix back from HBM: the lesson's trade of
+FLOPs for bandwidth.  With P_ij = exp(S_ij - LSE_i) and D_i = rowsum(dO ∘ O)_i,
+
+    dV = P^T dO,   dP = dO V^T,   dS = P ∘ (dP - D),   dQ = scale dS K,   dK = scale dS^T Q.
+
+The work is split three ways, none of which uses atomics, so every run gives
+bit-identical dQ, dK and dV (``deterministic=True`` therefore changes nothing):
+
+* ``_attn_bwd_preprocess``: D = rowsum(dO ∘ O) in fp32 (minus dLSE when the
+  LSE output itself was differentiated: d LSE_i / d S_ij = P_ij folds into D);
+* ``_attn_bwd_dkdv``: one program owns ``BLOCK_N`` keys of one KV head and streams
+  the query tiles of **every query head of its GQA group** past them, so dK and dV
+  are summed in registers, never through atomics or an expanded K/V;
+* ``_attn_bwd_dq``: one program owns ``BLOCK_M`` query rows and streams K/V tiles.
+
+Masking follows the forward: the skip bound drops tiles wholly outside the band
+(``_q_band_bounds`` / ``_kv_band_bounds`` in ``_primitives``), band-edge and ragged
+tiles run the ``MASKED`` stage, and tiles fully inside the band run the unmasked
+stage with no mask arithmetic.  Softcap: with t = tanh(scale * s / c) the capped
+score is c * t, whose derivative is scale * (1 - t^2), recomputed from t.
+
+64-bit offsets: the per-(batch, head) bases and every tile's row offset are
+multiplied in int64 (one scalar product per tile, not per element), so tensors past
+2^31 elements are addressed correctly with no separate 32-bit path; the offsets
+inside one tile (at most 128 rows times a row stride) stay int32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from attnlab.kernels._primitives import (
+    LOG2E,
+    _band_visible,
+    _kv_band_bounds,
+    _load_kv_tile,
+    _mma,
+    _q_band_bounds,
+    _softcap_tanh,
+    kernel_is_interpreted,
+)
+from attnlab.kernels.configs import BackwardConfig, backward_config, head_dim_padded
+from attnlab.shapes import AttentionShape
+
+
+@triton.jit
+def _row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED: tl.constexpr):
+    """LSE (in log2 units) and D of a query tile.  A row that sees no key has LSE = -inf;
+    +inf in its place makes exp2(s - lse) exactly 0 (P = 0, not NaN)."""
+    if MASKED:
+        in_range = offs_m < seqlen_q
+        lse = tl.load(lse_base + offs_m, mask=in_range, other=0.0)
+        delta = tl.load(delta_base + offs_m, mask=in_range, other=0.0)
+    else:
+        lse = tl.load(lse_base + offs_m)
+        delta = tl.load(delta_base + offs_m)
+    lse_log2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    return lse_log2, delta
+
+
+# ---------------------------------------------------------------------------
+# Preprocess: D = rowsum(dO ∘ O)
+# ---------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["num_heads", "seqlen_q", "num_m_blocks"])
+def _attn_bwd_preprocess(
+    # pointers
+    O, DO, DLSE, DELTA, CU_SEQLENS_Q,
+    # strides (batch, head, seq) of O and dO; (batch, head) of LSE, dLSE and D
+    stride_ob, stride_oh, stride_om,
+    stride_dob, stride_doh, stride_dom,
+    stride_lseb, stride_lseh,
+    # sizes
+    num_heads, seqlen_q, num_m_blocks,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    HAS_DLSE: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    # 1-D grids throughout (blocks of one head adjacent, as in the forward): batch * heads
+    # is not held to CUDA's 65,535 limit on a grid's second axis.
+    start_m = tl.program_id(0) % num_m_blocks * BLOCK_M
+    off_bh = tl.program_id(0) // num_m_blocks
+    off_b = off_bh // num_heads
+    off_h = (off_bh % num_heads).to(tl.int64)
+    q_start = tl.zeros([], dtype=tl.int32)
+    if IS_VARLEN:
+        q_start = tl.load(CU_SEQLENS_Q + off_b)
+        seqlen_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_start
+    if start_m >= seqlen_q:
+        return
+    off_b = off_b.to(tl.int64)
+    rows = (q_start + start_m).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    o = _load_kv_tile(O + off_b * stride_ob + off_h * stride_oh + rows * stride_om, stride_om, 0,
+                      offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True)
+    do = _load_kv_tile(DO + off_b * stride_dob + off_h * stride_doh + rows * stride_dom, stride_dom,
+                       0, offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    offs_m = tl.arange(0, BLOCK_M)
+    stat_offset = off_b * stride_lseb + off_h * stride_lseh + rows
+    in_range = offs_m < seqlen_q - start_m
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + stat_offset + offs_m, mask=in_range, other=0.0)
+    tl.store(DELTA + stat_offset + offs_m, delta, mask=in_range)
+
+
+# ---------------------------------------------------------------------------
+# dK, dV: one program per (key block, KV head), looping over its group's query heads
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _dkdv_tiles(
+    dk, dv, k, v,
+    q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+    offs_n, offs_d, q_begin, q_end,
+    seqlen_q, diag_offset, window_left, window_right,
+    qk_scale, softcap_log2, softcap_inv,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    """Add the query tiles [q_begin, q_end) of one query head to this key block's dK, dV.
+
+    Works on the transposed tile (keys x rows) so dK and dV come out of two MMAs
+    without transposing the accumulators."""
+    for start_m in range(q_begin, q_end, BLOCK_M):
+        row_offset = tl.cast(start_m, tl.int64)
+        q = _load_kv_tile(q_base + row_offset * stride_qm, stride_qm, 0, offs_d,
+                          seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        do = _load_kv_tile(do_base + row_offset * stride_dom, stride_dom, 0, offs_d,
+                           seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        lse_log2, delta = _row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED)
+
+        qk_t = _mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST_DOT)
+        if HAS_SOFTCAP:
+            tanh_t = _softcap_tanh(qk_t, softcap_inv)
+            s_t = softcap_log2 * tanh_t
+        else:
+            s_t = qk_t * qk_scale
+        if MASKED:
+            # Rows past seqlen_q and keys outside the band get P = exp2(-inf) = 0.  Keys
+            # past seqlen_k are this block's padding: their dK/dV rows are never stored.
+            visible = (offs_m[None, :] < seqlen_q) & _band_visible(
+                offs_m[None, :], offs_n[:, None], diag_offset, window_left, window_right,
+                HAS_LEFT, HAS_RIGHT)
+            s_t = tl.where(visible, s_t, float("-inf"))
+        p_t = tl.math.exp2(s_t - lse_log2[None, :])
+        dv = _mma(p_t.to(do.dtype), do, dv, UPCAST_DOT)
+        dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST_DOT)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if HAS_SOFTCAP:
+            ds_t = ds_t * (1.0 - tanh_t * tanh_t)
+        dk = _mma(ds_t.to(q.dtype), q, dk, UPCAST_DOT)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["num_kv_heads", "group_size", "seqlen_q", "seqlen_k",
+                               "num_n_blocks", "window_left", "window_right"])
+def _attn_bwd_dkdv(
+    # pointers
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K,
+    # strides (batch, head, seq); the head dim is unit-stride
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    stride_lseb, stride_lseh,
+    # sizes
+    num_kv_heads, group_size, seqlen_q, seqlen_k, num_n_blocks,
+    window_left, window_right,
+    # scalars
+    qk_scale, softcap_log2, softcap_inv, scale,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    IS_VARLEN: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    # Causal: the first key blocks are seen by the most queries and start first.
+    start_n = tl.program_id(0) % num_n_blocks * BLOCK_N
+    off_bh = tl.program_id(0) // num_n_blocks
+    off_b = off_bh // num_kv_heads
+    off_hk = (off_bh % num_kv_heads).to(tl.int64)
+    q_start = tl.zeros([], dtype=tl.int32)
+    k_start = tl.zeros([], dtype=tl.int32)
+    if IS_VARLEN:
+        q_start = tl.load(CU_SEQLENS_Q + off_b)
+        seqlen_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_start
+        k_start = tl.load(CU_SEQLENS_K + off_b)
+        seqlen_k = tl.load(CU_SEQLENS_K + off_b + 1) - k_start
+    if start_n >= seqlen_k:
+        return
+    off_b = off_b.to(tl.int64)
+    q_rows = q_start.to(tl.int64)
+    k_rows = (k_start + start_n).to(tl.int64)
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    # The owned K/V block stays on chip for the whole program.
+    k = _load_kv_tile(K + off_b * stride_kb + off_hk * stride_kh + k_rows * stride_kn, stride_kn, 0,
+                      offs_d, seqlen_k - start_n, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True)
+    v = _load_kv_tile(V + off_b * stride_vb + off_hk * stride_vh + k_rows * stride_vn, stride_vn, 0,
+                      offs_d, seqlen_k - start_n, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+
+    diag_offset = seqlen_k - seqlen_q
+    q_lo, full_lo, full_hi, q_hi = _q_band_bounds(
+        start_n, start_n + BLOCK_N - 1, seqlen_q, diag_offset, window_left, window_right,
+        BLOCK_M, HAS_LEFT, HAS_RIGHT)
+
+    for group_head in range(group_size):
+        off_h = off_hk * group_size + group_head
+        q_base = Q + off_b * stride_qb + off_h * stride_qh + q_rows * stride_qm
+        do_base = DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom
+        stat_offset = off_b * stride_lseb + off_h * stride_lseh + q_rows
+        # Stage 1: rows on the diagonal / the window's right edge (element mask).
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset,
+            stride_qm, stride_dom, offs_n, offs_d, q_lo, full_lo,
+            seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT)
+        # Stage 2: rows that see the whole key block (no mask).
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset,
+            stride_qm, stride_dom, offs_n, offs_d, full_lo, full_hi,
+            seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT)
+        # Stage 3: rows at the window's left edge and the ragged last query tile (mask).
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset,
+            stride_qm, stride_dom, offs_n, offs_d, full_hi, q_hi,
+            seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT)
+
+    # Keys no query sees never met a visible score: dK = dV = 0 exactly.
+    dk = dk * scale
+    store_mask = offs_n[:, None] < seqlen_k
+    if HEAD_DIM != HEAD_DIM_PAD:
+        store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
+    local_n = tl.arange(0, BLOCK_N)
+    dk_ptrs = (DK + off_b * stride_dkb + off_hk * stride_dkh + k_rows * stride_dkn
+               + local_n[:, None] * stride_dkn + offs_d[None, :])
+    dv_ptrs = (DV + off_b * stride_dvb + off_hk * stride_dvh + k_rows * stride_dvn
+               + local_n[:, None] * stride_dvn + offs_d[None, :])
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=store_mask)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=store_mask)
+
+
+# ---------------------------------------------------------------------------
+# dQ: one program per (query block, query head), looping over K/V tiles
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _dq_tiles(
+    dq, q, do, lse_log2, delta,
+    k_base, v_base, stride_kn, stride_vn,
+    offs_m, offs_d, kv_begin, kv_end,
+    seqlen_k, diag_offset, window_left, window_right,
+    qk_scale, softcap_log2, softcap_inv,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    """Add the K/V tiles [kv_begin, kv_end) to this query block's (unscaled) dQ."""
+    for start_n in range(kv_begin, kv_end, BLOCK_N):
+        key_offset = tl.cast(start_n, tl.int64)
+        k = _load_kv_tile(k_base + key_offset * stride_kn, stride_kn, 0, offs_d,
+                          seqlen_k - start_n, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        v = _load_kv_tile(v_base + key_offset * stride_vn, stride_vn, 0, offs_d,
+                          seqlen_k - start_n, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST_DOT)
+        if HAS_SOFTCAP:
+            tanh_s = _softcap_tanh(qk, softcap_inv)
+            s = softcap_log2 * tanh_s
+        else:
+            s = qk * qk_scale
+        if MASKED:
+            # Padded keys (past seqlen_k) read as 0 but would still get P > 0: mask them.
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            visible = (offs_n[None, :] < seqlen_k) & _band_visible(
+                offs_m[:, None], offs_n[None, :], diag_offset, window_left, window_right,
+                HAS_LEFT, HAS_RIGHT)
+            s = tl.where(visible, s, float("-inf"))
+        p = tl.math.exp2(s - lse_log2[:, None])
+        dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST_DOT)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - tanh_s * tanh_s)
+        dq = _mma(ds.to(k.dtype), k, dq, UPCAST_DOT)
+    return dq
+
+
+@triton.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k",
+                               "num_m_blocks", "window_left", "window_right"])
+def _attn_bwd_dq(
+    # pointers
+    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
+    # strides (batch, head, seq); the head dim is unit-stride
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dqb, stride_dqh, stride_dqm,
+    stride_lseb, stride_lseh,
+    # sizes
+    num_heads, group_size, seqlen_q, seqlen_k, num_m_blocks,
+    window_left, window_right,
+    # scalars
+    qk_scale, softcap_log2, softcap_inv, scale,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    IS_VARLEN: tl.constexpr, REVERSE_M: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    pid_m = tl.program_id(0) % num_m_blocks
+    off_bh = tl.program_id(0) // num_m_blocks
+    off_b = off_bh // num_heads
+    off_h = off_bh % num_heads
+    off_hk = (off_h // group_size).to(tl.int64)
+    off_h = off_h.to(tl.int64)
+    q_start = tl.zeros([], dtype=tl.int32)
+    k_start = tl.zeros([], dtype=tl.int32)
+    seq_m_blocks = num_m_blocks
+    if IS_VARLEN:
+        q_start = tl.load(CU_SEQLENS_Q + off_b)
+        seqlen_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_start
+        k_start = tl.load(CU_SEQLENS_K + off_b)
+        seqlen_k = tl.load(CU_SEQLENS_K + off_b + 1) - k_start
+        seq_m_blocks = tl.cdiv(seqlen_q, BLOCK_M)
+    if pid_m >= seq_m_blocks:
+        return
+    # With a causal band the last query blocks do the most work, so they start first.
+    start_m = ((seq_m_blocks - 1 - pid_m) if REVERSE_M else pid_m) * BLOCK_M
+    off_b = off_b.to(tl.int64)
+    q_rows = (q_start + start_m).to(tl.int64)
+    k_rows = k_start.to(tl.int64)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q = _load_kv_tile(Q + off_b * stride_qb + off_h * stride_qh + q_rows * stride_qm, stride_qm, 0,
+                      offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True)
+    do = _load_kv_tile(DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom,
+                       stride_dom, 0, offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD,
+                       True)
+    stat_offset = off_b * stride_lseb + off_h * stride_lseh + q_start
+    # Padded rows read LSE = D = 0 and q = dO = 0: their dS is 0 and they are not stored.
+    lse_log2, delta = _row_stats(LSE + stat_offset, DELTA + stat_offset, offs_m, seqlen_q, True)
+    k_base = K + off_b * stride_kb + off_hk * stride_kh + k_rows * stride_kn
+    v_base = V + off_b * stride_vb + off_hk * stride_vh + k_rows * stride_vn
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+
+    diag_offset = seqlen_k - seqlen_q
+    kv_lo, full_lo, full_hi, kv_hi = _kv_band_bounds(
+        start_m, start_m + BLOCK_M - 1, seqlen_k, diag_offset, window_left, window_right,
+        BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    # Stage 1: tiles cut by the window's left edge (element mask).
+    dq = _dq_tiles(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                   kv_lo, full_lo, seqlen_k, diag_offset, window_left, window_right,
+                   qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
+                   True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+    # Stage 2: tiles wholly inside the band (no mask).
+    dq = _dq_tiles(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                   full_lo, full_hi, seqlen_k, diag_offset, window_left, window_right,
+                   qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
+                   False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+    # Stage 3: diagonal tiles and the ragged last tile (element mask).
+    dq = _dq_tiles(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                   full_hi, kv_hi, seqlen_k, diag_offset, window_left, window_right,
+                   qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
+                   True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+
+    # A row that sees no key has P = 0 everywhere: dQ = 0.
+    dq = dq * scale
+    store_mask = offs_m[:, None] < seqlen_q
+    if HEAD_DIM != HEAD_DIM_PAD:
+        store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
+    local_m = tl.arange(0, BLOCK_M)
+    dq_ptrs = (DQ + off_b * stride_dqb + off_h * stride_dqh + q_rows * stride_dqm
+               + local_m[:, None] * stride_dqm + offs_d[None, :])
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=store_mask)
+
+
+# ---------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------
+
+LAYOUTS = ("bshd", "bhsd", "thd")
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # AttentionShape's names
+
+
+def _bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
+    """(batch, head, seq) strides; varlen tensors have no batch dimension (stride 0)."""
+    if layout == "bshd":
+        return t.stride(0), t.stride(2), t.stride(1)
+    if layout == "thd":
+        return 0, t.stride(1), t.stride(0)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    # Other strides may be anything, including 0 (an expanded dout): only the head
+    # dim must be unit-stride for the kernels' vector loads.
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_dout(dout, out) -> None:
+    if not isinstance(dout, torch.Tensor):
+        raise TypeError(f"dout must be a torch.Tensor, got {type(dout).__name__}")
+    if dout.shape != out.shape:
+        raise ValueError(f"dout must have the output's shape {tuple(out.shape)}, "
+                         f"got {tuple(dout.shape)}")
+    if dout.dtype != out.dtype:
+        raise TypeError(f"dout must have the output's dtype {out.dtype}, got {dout.dtype}")
+    if dout.device != out.device:
+        raise ValueError(f"dout must be on the output's device {out.device}, got {dout.device}")
+
+
+def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> int:
+    """The batch size of a varlen call; checks the cu_seqlens pair."""
+    if layout != "thd":
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+            raise ValueError(f"cu_seqlens_q/cu_seqlens_k need layout='thd', got layout={layout!r}")
+        return 0
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D torch.int32 tensor for layout='thd'")
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel() or cu_seqlens_q.numel() < 2:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length batch + 1 >= 2, "
+                         f"got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int for layout='thd', got {value!r}")
+    return cu_seqlens_q.numel() - 1
+
+
+def flash_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    out: torch.Tensor, lse: torch.Tensor, *,
+    layout: str, scale: float, causal: bool = False,
+    window: tuple[int, int] = (-1, -1), softcap: float = 0.0, deterministic: bool = False,
+    cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    config: BackwardConfig | None = None, dlse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of attention given dO, from the forward's q, k, v, O and LSE.
+
+    ``layout`` is ``"bshd"``, ``"bhsd"`` or ``"thd"`` (varlen: (total_tokens, heads,
+    head_dim) with ``cu_seqlens_q/k`` (int32, batch + 1 entries) and
+    ``max_seqlen_q/k``; LSE then is (heads, total_q)).  LSE is natural log, float32,
+    as the forward returns it.  Returns gradients in the layout and dtype of q, k, v.
+    ``dlse`` (optional, LSE's shape) is the gradient flowing into the LSE output.
+
+    Deterministic always: no kernel uses atomics (dK/dV are summed over the GQA group
+    in registers, dQ has its own kernel), so ``deterministic=True`` and the default
+    run the same code and give bit-identical results run to run.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    _check_dout(dout, out)
+    batch_varlen = _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
+    q, k, v, out, dout = (_unit_last_stride(t) for t in (q, k, v, out, dout))
+    lse = lse.contiguous()
+    if dlse is not None:
+        if dlse.shape != lse.shape:
+            raise ValueError(f"dlse must have LSE's shape {tuple(lse.shape)}, got {tuple(dlse.shape)}")
+        dlse = dlse.to(torch.float32).contiguous()
+
+    if layout == "bshd":
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    elif layout == "bhsd":
+        batch, num_heads, seqlen_q, head_dim = q.shape
+        num_kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    else:
+        _, num_heads, head_dim = q.shape
+        num_kv_heads = k.shape[1]
+        batch, seqlen_q, seqlen_k = batch_varlen, max_seqlen_q, max_seqlen_k
+    # LSE and D: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
+    stat_strides = (0, lse.stride(0)) if layout == "thd" else (lse.stride(0), lse.stride(1))
+
+    window_left, window_right = window
+    if causal:
+        window_right = 0 if window_right < 0 else min(window_right, 0)
+    has_left, has_right = window_left >= 0, window_right >= 0
+    head_dim_pad = head_dim_padded(head_dim)
+    interpreted = kernel_is_interpreted()
+    if config is None:
+        shape = AttentionShape(batch=batch, query_heads=num_heads, kv_heads=num_kv_heads,
+                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
+                               dtype=_DTYPE_NAMES.get(q.dtype, "bf16"), causal=causal,
+                               window=tuple(window))
+        config = backward_config(shape, interpreted=interpreted)
+
+    # The kernels keep offsets inside one tile (rows below 128 times a row stride) in
+    # int32; only a view with an absurd row stride could pass 2^31 there.
+    tile_rows = max(config.dkdv_block_m, config.dkdv_block_n, config.dq_block_m,
+                    config.dq_block_n)
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+        row_stride = abs(_bhs_strides(t, layout)[2])
+        if row_stride * tile_rows + head_dim_pad > 2**31 - 1:
+            raise ValueError(f"{name}'s sequence stride ({row_stride} elements) is too large for "
+                             "the kernels' 32-bit in-tile offsets; pass a contiguous tensor")
+
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    delta = torch.empty_like(lse)
+    is_varlen = layout == "thd"
+    # Unused pointer arguments still need a tensor; the constexpr switch keeps them unread.
+    cu_q = cu_seqlens_q if is_varlen else lse
+    cu_k = cu_seqlens_k if is_varlen else lse
+    masks = dict(HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
+                 IS_VARLEN=is_varlen, UPCAST_DOT=interpreted and q.dtype == torch.bfloat16)
+    scalars = (max(window_left, 0), max(window_right, 0),
+               scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0, scale)
+
+    q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
+    _attn_bwd_preprocess[(q_blocks * batch * num_heads,)](
+        out, dout, dlse if dlse is not None else lse, delta, cu_q,
+        *_bhs_strides(out, layout), *_bhs_strides(dout, layout), *stat_strides,
+        num_heads, seqlen_q, q_blocks,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=config.dq_block_m,
+        HAS_DLSE=dlse is not None, IS_VARLEN=is_varlen,
+    )
+    group_size = num_heads // num_kv_heads
+    kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
+    _attn_bwd_dkdv[(kv_blocks * batch * num_kv_heads,)](
+        q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
+        *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
+        *_bhs_strides(dout, layout), *_bhs_strides(dk, layout), *_bhs_strides(dv, layout),
+        *stat_strides,
+        num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    _attn_bwd_dq[(q_blocks * batch * num_heads,)](
+        q, k, v, dout, lse, delta, dq, cu_q, cu_k,
+        *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
+        *_bhs_strides(dout, layout), *_bhs_strides(dq, layout), *stat_strides,
+        num_heads, group_size, seqlen_q, seqlen_k, q_blocks, *scalars,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return dq, dk, dv

@@ -1,0 +1,575 @@
+"""FlashAttention forward for Hopper (sm_90) in Gluon: warp-specialised, with FA3's overlap.
+
+Built and checked on Triton 3.6.0 only (``BUILT_FOR_TRITON``): Gluon's API changes
+between releases, so ``supports`` refuses every other version instead of guessing.
+
+Why a second forward kernel: Triton 3.6 waits for every wgmma right after issuing it
+and does not warp-specialise attention on sm_90 (bench/NOTES.md, attempts 3, 4 and 7),
+so the softmax of a tile runs serially between the two matrix multiplies.  This kernel
+writes FA3's schedule out by hand (Shah et al. 2024, sections 3.1-3.2):
+
+* **roles** (``gl.warp_specialize``): one *producer* warp, shrunk to ``producer_regs``
+  registers by setmaxnreg, issues every TMA copy: Q once, then K and V tiles into a
+  ``STAGES``-deep ring.  Each ring slot has a *ready* barrier (TMA completes it by
+  byte count) and an *empty* barrier (the consumers release it), separately for K and
+  V, so a K slot is refilled as soon as its QK^T has finished, not after P.V.
+* **consumers** (the default partition, 8 warps): two warpgroups of 64 query rows
+  each (BLOCK_M = 128), which get the registers the producer gave up.  Each runs the
+  intra-warpgroup overlap: issue S_j = Q K_j^T, issue O += P_{j-1} V_{j-1}, wait for
+  S_j only (``warpgroup_mma_wait(1)``), run the softmax of tile j on the CUDA cores
+  while P_{j-1} V_{j-1} is still on the tensor cores, then wait and rescale O.
+* **no ping-pong** between the two consumer warpgroups: FA3 orders their GEMMs with
+  named barriers (``bar.sync id, 256``), and Gluon 3.6 exposes only the CTA-wide
+  ``gl.thread_barrier``; both warpgroups also run one instruction stream here, so
+  there is no place to put a per-warpgroup turn.
+
+Masking is today's two mechanisms (kernels/forward.py): the *skip bound* (tiles past
+``kv_hi`` are never loaded) and the *element mask*, applied only by the masked loop
+stage (the causal diagonal band and the ragged last tile); the unmasked stage has no
+mask arithmetic.  Rows past ``seqlen_q`` and keys past ``seqlen_k`` are zero-filled
+by TMA, whose descriptors are per (batch, head), so a tile never reads the next
+sequence.  A row with no visible key outputs O = 0 and LSE = -inf.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from attnlab.kernels._primitives import LOG2E
+from attnlab.kernels.configs import GLUON_SM90_TRITON_VERSIONS, length_bucket
+
+# The Triton release(s) this file was compiled and checked against.
+BUILT_FOR_TRITON = GLUON_SM90_TRITON_VERSIONS
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+BLOCK_M = 128            # two consumer warpgroups x 64 query rows
+CONSUMER_WARPS = 8
+# Hopper's register file: 64K 32-bit registers per SM, one CTA per SM here.
+REGISTER_FILE = 65536
+SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (227 KB)
+
+
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, qk_scale,
+                  BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+                  s_layout: gl.constexpr):
+    """Scores of one tile -> P (base m_new), the rescale alpha, new m and l."""
+    if MASKED:
+        # The element mask: the causal diagonal band and the ragged last tile only.
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = gl.expand_dims(offs_n, 0) < seqlen_k
+        if IS_CAUSAL:
+            visible = visible & (gl.expand_dims(offs_n, 0)
+                                 <= gl.expand_dims(offs_m, 1) + diag_offset)
+        s = gl.where(visible, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        # A row with no visible key so far keeps m = -inf; subtract 0 instead (exp2 -> 0).
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_safe = m_new
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _consume_tiles(acc, p_op, m_i, l_i, s_zero, q_smem, k_smem, v_smem, k_ready, k_empty,
+                   v_ready, v_empty, offs_m, tile_lo, tile_hi, n_tiles, seqlen_k, diag_offset,
+                   qk_scale, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, s_layout: gl.constexpr,
+                   o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Tiles [tile_lo, tile_hi): S_j and P_{j-1} V_{j-1} in flight together, softmax j between.
+
+    On entry K of ``tile_lo`` has been waited for; on exit K of ``tile_hi`` has (if it exists).
+    """
+    dtype: gl.constexpr = q_smem.dtype
+    for tile in range(tile_lo, tile_hi):
+        stage = tile % STAGES
+        prev = (tile - 1) % STAGES
+        s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((tile - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        # S_j is done (wgmma groups retire in order); P_{j-1} V_{j-1} keeps running.
+        s, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s, k_smem.index(stage)))
+        mbarrier.arrive(k_empty.index(stage), count=1)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, tile * BLOCK_N, seqlen_k,
+                                           diag_offset, qk_scale, BLOCK_N, IS_CAUSAL, MASKED,
+                                           s_layout)
+        # Waiting for K_{j+1} here (it is needed first thing next step) is also what keeps
+        # the softmax above the wait for P_{j-1} V_{j-1}: without a branch in between,
+        # ptxas 12.8 hoists wgmma.wait_group 0 right under wait_group 1 and the overlap
+        # is gone (bench/NOTES.md, attempt 8: the SASS of attempt 7 shows exactly that).
+        nxt = tile + 1
+        mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_tiles)
+        acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_smem.index(prev)))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+    return acc, p_op, m_i, l_i
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
+              O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k, diag_offset,
+              n_tiles, n_unmasked, qk_scale,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+              num_warps: gl.constexpr):
+    """The default partition: softmax state in registers, both GEMMs, the epilogue."""
+    dtype: gl.constexpr = q_smem.dtype
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    # Warps stacked along M: each warpgroup owns 64 rows; instruction N = the tile width.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16])
+    # P stays in registers as wgmma's A operand (FA3's "RS" P.V).
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    offs_m = m_first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    # Tile 0 has nothing to overlap with; it is masked only if it is a band-edge tile.
+    mbarrier.wait(q_ready, 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False,
+                      is_async=True)
+    s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_smem, k_smem.index(0)))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    if n_unmasked > 0:
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, 0, seqlen_k, diag_offset,
+                                           qk_scale, BLOCK_N, IS_CAUSAL, False, s_layout)
+    else:
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, 0, seqlen_k, diag_offset,
+                                           qk_scale, BLOCK_N, IS_CAUSAL, True, s_layout)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1, pred=n_tiles > 1)
+
+    # Stage 1: tiles every row sees in full (no mask).  Stage 2: the diagonal band and
+    # the ragged last tile (element mask).
+    split = gl.maximum(n_unmasked, 1)
+    acc, p_op, m_i, l_i = _consume_tiles(
+        acc, p_op, m_i, l_i, s_zero, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+        offs_m, 1, split, n_tiles, seqlen_k, diag_offset, qk_scale,
+        BLOCK_N, STAGES, IS_CAUSAL, False, s_layout, o_layout, p_layout)
+    acc, p_op, m_i, l_i = _consume_tiles(
+        acc, p_op, m_i, l_i, s_zero, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+        offs_m, split, n_tiles, n_tiles, seqlen_k, diag_offset, qk_scale,
+        BLOCK_N, STAGES, IS_CAUSAL, True, s_layout, o_layout, p_layout)
+
+    last = (n_tiles - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_smem.index(last)))
+
+    # One division per row; rows with no visible key give O = 0, LSE = -inf.
+    has_keys = l_i > 0.0
+    l_safe = gl.where(has_keys, l_i, 1.0)
+    lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+
+    offs_mo = m_first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_ptrs = (O + o_base + gl.expand_dims(offs_mo, 1).to(gl.int64) * stride_om
+              + gl.expand_dims(offs_d, 0))
+    gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(offs_mo, 1) < seqlen_q)
+    gl.store(LSE + lse_base + offs_m, lse, mask=offs_m < seqlen_q)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
+              v_ready, v_empty, m_first, n_tiles,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The worker partition (one warp): every TMA copy, paced by the ring's empty barriers."""
+    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [m_first, 0], q_ready, q_smem)
+    for tile in range(n_tiles):
+        stage = tile % STAGES
+        # A fresh mbarrier counts as having completed the phase before phase 0, so
+        # the first lap through the ring does not wait.
+        free_phase = ((tile // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(stage), free_phase)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [tile * BLOCK_N, 0], k_ready.index(stage),
+                                        k_smem.index(stage))
+        mbarrier.wait(v_empty.index(stage), free_phase)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [tile * BLOCK_N, 0], v_ready.index(stage),
+                                        v_smem.index(stage))
+
+
+# Lengths and head counts change per call; specialising on them would multiply compiles.
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k"])
+def _attn_fwd_sm90_ws(
+    # pointers
+    Q, K, V, O, LSE,
+    # strides (batch, head, seq); the head dim is unit-stride
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    # sizes
+    num_heads, group_size, seqlen_q, seqlen_k,
+    # scalars
+    qk_scale,
+    # meta-parameters
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    dtype: gl.constexpr = Q.dtype.element_ty
+    # With a causal band the last query blocks do the most work: start them first.
+    pid_m = gl.program_id(0)
+    num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
+    start_m = (num_m_blocks - 1 - pid_m) if IS_CAUSAL else pid_m
+    off_bh = gl.program_id(1)
+    off_b = (off_bh // num_heads).to(gl.int64)
+    off_h = off_bh % num_heads
+    off_hk = (off_h // group_size).to(gl.int64)
+    off_h = off_h.to(gl.int64)
+
+    # Descriptors per (batch, head): TMA zero-fills rows past this sequence's end.
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_desc = tma.make_tensor_descriptor(Q + off_b * stride_qb + off_h * stride_qh,
+                                        shape=[seqlen_q, HEAD_DIM], strides=[stride_qm, 1],
+                                        block_shape=[BLOCK_M, HEAD_DIM], layout=q_layout)
+    k_desc = tma.make_tensor_descriptor(K + off_b * stride_kb + off_hk * stride_kh,
+                                        shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    v_desc = tma.make_tensor_descriptor(V + off_b * stride_vb + off_hk * stride_vh,
+                                        shape=[seqlen_k, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for ring in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(ring), count=1)
+        mbarrier.init(k_empty.index(ring), count=1)
+        mbarrier.init(v_ready.index(ring), count=1)
+        mbarrier.init(v_empty.index(ring), count=1)
+
+    # Skip bound (bottom-right causal): the last key any row of this block may see.
+    # A block whose rows see no key at all still folds in tile 0, fully masked, so
+    # every path runs the same pipeline and ends with l = 0 -> O = 0, LSE = -inf.
+    diag_offset = seqlen_k - seqlen_q
+    m_first = start_m * BLOCK_M
+    full_tiles = seqlen_k // BLOCK_N
+    if IS_CAUSAL:
+        kv_hi = gl.minimum(m_first + BLOCK_M + diag_offset, seqlen_k)
+        n_tiles = gl.maximum(gl.cdiv(gl.maximum(kv_hi, 0), BLOCK_N), 1)
+        # Tiles wholly at or left of the first row's diagonal need no mask.
+        n_unmasked = gl.minimum(gl.maximum(m_first + diag_offset + 1, 0) // BLOCK_N, full_tiles)
+    else:
+        n_tiles = gl.cdiv(seqlen_k, BLOCK_N)
+        n_unmasked = full_tiles
+
+    o_base = off_b * stride_ob + off_h * stride_oh
+    lse_base = off_bh.to(gl.int64) * seqlen_q
+    gl.warp_specialize([
+        (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
+                     O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k,
+                     diag_offset, n_tiles, n_unmasked, qk_scale,
+                     BLOCK_N, STAGES, IS_CAUSAL, num_warps)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
+                     v_ready, v_empty, m_first, n_tiles, BLOCK_N, STAGES)),
+    ], [1], [PRODUCER_REGS])
+
+    mbarrier.invalidate(q_ready)
+    for ring in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(ring))
+        mbarrier.invalidate(k_empty.index(ring))
+        mbarrier.invalidate(v_ready.index(ring))
+        mbarrier.invalidate(v_empty.index(ring))
+
+
+# ---------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sm90Config:
+    """The meta-parameters a tuning sweep varies (bench/sm90_h200.py)."""
+
+    block_n: int
+    stages: int
+    producer_regs: int = 24
+
+    def __post_init__(self) -> None:
+        if self.block_n not in (64, 128):
+            raise ValueError(f"block_n must be 64 or 128 (a power of two that wgmma's N and "
+                             f"TMA's box take), got {self.block_n}")
+        if self.stages not in (2, 3):
+            raise ValueError(f"stages must be 2 or 3, got {self.stages}")
+        if self.producer_regs % 8 or not 24 <= self.producer_regs <= 64:
+            raise ValueError(f"producer_regs must be a multiple of 8 in [24, 64], "
+                             f"got {self.producer_regs}")
+
+
+# Untuned starting points per head dim (FA3's tile_size.h shapes, clipped to powers of two):
+# the GPU sweep replaces them with measured winners.
+DEFAULT_CONFIGS = {
+    64: Sm90Config(block_n=128, stages=3),
+    128: Sm90Config(block_n=128, stages=2),
+    256: Sm90Config(block_n=64, stages=2),
+}
+
+
+def shared_memory_bytes(head_dim: int, config: Sm90Config, itemsize: int = 2) -> int:
+    """Q tile + the K and V rings (+ barriers): what one CTA allocates."""
+    tiles = BLOCK_M * head_dim + 2 * config.stages * config.block_n * head_dim
+    return tiles * itemsize + 8 * (1 + 4 * config.stages)
+
+
+def maxnreg(config: Sm90Config) -> int:
+    """The kernel-wide register cap: 8 consumer warps plus the producer's warpgroup
+    (warps are allocated by fours) share the register file at one CTA per SM.  Triton
+    gives the consumers what the producer's setmaxnreg gives up (240 at 24)."""
+    threads = (CONSUMER_WARPS + 4) * 32
+    return REGISTER_FILE // threads // 8 * 8
+
+
+def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: torch.dtype,
+            head_dim: int, window: tuple[int, int], softcap: float, aligned: bool,
+            config: Sm90Config | None = None) -> str | None:
+    """Why this kernel must not run a call, or None when it may (full and bottom-right
+    causal attention are both covered, so ``causal`` never decides)."""
+    if capability is None:
+        return "needs CUDA tensors on an sm_90 (Hopper) GPU"
+    if capability != (9, 0):
+        return f"built for sm_90 only; this GPU is sm_{capability[0]}{capability[1]}"
+    if triton_version not in BUILT_FOR_TRITON:
+        return (f"built and checked on Triton {', '.join(BUILT_FOR_TRITON)} only "
+                f"(Gluon's API changes between releases); found {triton_version}")
+    if dtype not in SUPPORTED_DTYPES:
+        return f"dtype must be float16 or bfloat16, got {dtype}"
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}"
+    if tuple(window) != (-1, -1):
+        return "sliding windows are not implemented in the sm_90 kernel"
+    if softcap != 0.0:
+        return "softcap is not implemented in the sm_90 kernel"
+    if not aligned:
+        return ("TMA needs a unit-stride head dim, 16-byte aligned base pointers and strides, "
+                "and non-empty sequences")
+    config = config or DEFAULT_CONFIGS[head_dim]
+    if shared_memory_bytes(head_dim, config) > SHARED_MEMORY_LIMIT:
+        return (f"{config} needs {shared_memory_bytes(head_dim, config)} bytes of shared "
+                f"memory at head_dim {head_dim}; sm_90 has {SHARED_MEMORY_LIMIT}")
+    return None
+
+
+def _tma_aligned(*tensors: torch.Tensor) -> bool:
+    for t in tensors:
+        if t.dim() != 4 or t.numel() == 0 or t.stride(-1) != 1:
+            return False
+        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+             window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+             config: Sm90Config | None = None) -> tuple[bool, str]:
+    """(True, "") if ``flash_forward_sm90`` computes this call, else (False, the reason)."""
+    del causal  # both full and bottom-right causal attention are covered
+    on_cuda = all(t.is_cuda for t in (q, k, v)) and torch.cuda.is_available()
+    capability = torch.cuda.get_device_capability(q.device) if on_cuda else None
+    if len({q.dtype, k.dtype, v.dtype}) != 1:
+        return False, "q, k and v must share one dtype"
+    reason = refusal(capability=capability, triton_version=triton.__version__, dtype=q.dtype,
+                     head_dim=q.shape[-1], window=window, softcap=softcap,
+                     aligned=_tma_aligned(q, k, v), config=config)
+    if reason is None and not (k.shape[-1] == v.shape[-1] == q.shape[-1]):
+        reason = "q, k and v must share one head_dim"
+    return reason is None, reason or ""
+
+
+def _set_allocator_once() -> None:
+    # Device-side TMA descriptors live in a scratch buffer that Triton asks the host for.
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(
+            lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
+def _bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
+    if layout == "bshd":
+        return t.stride(0), t.stride(2), t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def flash_forward_sm90(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+    layout: str, scale: float, causal: bool = False, config: Sm90Config | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as ``attnlab.kernels.forward.flash_forward`` (O in ``layout``, LSE as
+    (batch, heads, seqlen_q) float32 natural log, bottom-right causal), for the calls
+    ``supports`` accepts; anything else is refused with a ValueError naming the reason."""
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"layout must be 'bshd' or 'bhsd', got {layout!r}")
+    ok, reason = supports(q, k, v, causal, config=config)
+    if not ok:
+        raise ValueError(f"flash_forward_sm90 cannot run this call: {reason}")
+    if layout == "bshd":
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    else:
+        batch, num_heads, seqlen_q, head_dim = q.shape
+        num_kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of kv heads "
+                         f"({num_kv_heads})")
+    config = config or DEFAULT_CONFIGS[head_dim]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
+    _set_allocator_once()
+    grid = (triton.cdiv(seqlen_q, BLOCK_M), batch * num_heads)
+    _attn_fwd_sm90_ws[grid](
+        q, k, v, out, lse,
+        *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
+        *_bhs_strides(out, layout),
+        num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, STAGES=config.stages,
+        IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
+        num_warps=CONSUMER_WARPS, maxnreg=maxnreg(config),
+    )
+    return out, lse
+
+
+@functools.cache
+def _dispatch_table() -> dict[tuple[int, bool, int], Sm90Config]:
+    """(head_dim, causal, length bucket) -> config, for the buckets where this kernel
+    measured faster than the Triton kernel (written by bench/sm90_dispatch_table.py)."""
+    text = importlib.resources.files("attnlab.kernels").joinpath("sm90_dispatch.json").read_text()
+    return {(e["head_dim"], e["causal"], e["bucket"]): Sm90Config(**e["config"])
+            for e in json.loads(text)["entries"]}
+
+
+def dispatch_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str,
+                    causal: bool, window: tuple[int, int], softcap: float) -> Sm90Config | None:
+    """The measured-faster config for this call, or None: the Triton kernel runs it.
+
+    Only buckets measured on the H200 are in the table (an unmeasured bucket keeps the
+    Triton kernel), and tensors of 2^31 elements or more keep the Triton kernel, whose
+    row offsets are 64-bit where they must be (this kernel's were not checked there).
+    """
+    if max(t.numel() for t in (q, k, v)) >= 2**31:
+        return None
+    seq_dim = 1 if layout == "bshd" else 2
+    bucket = length_bucket(max(q.shape[seq_dim], k.shape[seq_dim]))
+    config = _dispatch_table().get((q.shape[-1], causal, bucket))
+    if config is None or not supports(q, k, v, causal, window, softcap, config)[0]:
+        return None
+    return config
+
+
+# ---------------------------------------------------------------------------
+# Compile-only path: sm_90 code (PTX, cubin) without a GPU, for the CPU test and the
+# SASS evidence in bench/NOTES.md.
+# ---------------------------------------------------------------------------
+
+def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal: bool = False,
+                     dtype: str = "bf16"):
+    """The compiled kernel (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata``) for sm_90a."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    config = config or DEFAULT_CONFIGS[head_dim]
+    signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "O")}
+    signature["LSE"] = "*fp32"
+    for t, seq in (("q", "m"), ("k", "n"), ("v", "n"), ("o", "m")):
+        for axis in ("b", "h", seq):
+            signature[f"stride_{t}{axis}"] = "i32"
+    for name in ("num_heads", "group_size", "seqlen_q", "seqlen_k"):
+        signature[name] = "i32"
+    signature["qk_scale"] = "fp32"
+    constants = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
+                     STAGES=config.stages, IS_CAUSAL=causal,
+                     PRODUCER_REGS=config.producer_regs, num_warps=CONSUMER_WARPS)
+    signature.update({name: "constexpr" for name in constants})
+    source = GluonASTSource(_attn_fwd_sm90_ws, signature, constants)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": CONSUMER_WARPS, "maxnreg": maxnreg(config)})
+
+
+def _cuobjdump() -> str | None:
+    import shutil
+    from pathlib import Path
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(bundled) if bundled.exists() else shutil.which("cuobjdump")
+
+
+def disassemble(cubin: bytes) -> str | None:
+    """SASS of a cubin by ``cuobjdump --dump-sass`` (Triton bundles one), or None."""
+    import subprocess
+    import tempfile
+    tool = _cuobjdump()
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        done = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
+                              check=False)
+    return done.stdout if done.returncode == 0 else None
+
+
+def overlap_evidence(asm: dict) -> dict:
+    """What the compiled code shows: setmaxnreg per role, wait_group 1 count, and per
+    steady loop the number of MUFU.EX2 that ptxas left between WARPGROUP.DEPBAR.LE 1
+    (S_j ready) and WARPGROUP.DEPBAR.LE 0 (P_{j-1} V_{j-1} done): > 0 means overlap."""
+    import re
+    ptx = asm["ptx"]
+    evidence = {
+        "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)",
+                                            ptx))),
+        "wait_group_1": ptx.count("wgmma.wait_group.sync.aligned 1"),
+        "maxnreg": int(m.group(1)) if (m := re.search(r"\.maxnreg (\d+)", ptx)) else None,
+    }
+    sass = disassemble(asm["cubin"])
+    if sass is None:
+        return evidence
+    between, inside, count = [], False, 0
+    for wait, ex2 in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([01])|(MUFU\.EX2)", sass):
+        if wait == "1":
+            inside, count = True, 0
+        elif wait == "0" and inside:
+            between.append(count)
+            inside = False
+        elif ex2 and inside:
+            count += 1
+    evidence.update(
+        ex2_between_waits=between,
+        hgmma=len(re.findall(r"\bHGMMA\.", sass)),
+        local_memory_ops=len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+        highest_register=max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=0),
+    )
+    return evidence

@@ -1,0 +1,470 @@
+"""The Triton backward kernels against float64 autograd, by the gradient rule.
+
+``max|dX - dX_ref64| <= 3 * max|dX_torch_same_dtype - dX_ref64| + floor``
+(``attnlab.accuracy.check_gradients``) on fresh random inputs.  On the CPU the
+kernels run in Triton's interpreter with small shapes; the GPU tests at the bottom
+repeat the grid at real sizes and check memory and 64-bit addressing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import attnlab
+from attnlab.accuracy import check_gradients, reference_gradients
+from attnlab.kernels._primitives import _kv_band_bounds, _q_band_bounds
+from attnlab.kernels.autograd import attention_forward, flash_bwd_op, flash_fwd_op
+from attnlab.kernels.backward import flash_backward
+from attnlab.kernels.configs import BackwardConfig
+from attnlab.kernels.forward import flash_forward, kernel_is_interpreted
+from attnlab.reference import FULL, SKIPPED, tile_plan
+from attnlab.shapes import AttentionShape
+
+on_gpu = torch.cuda.is_available()
+pytestmark = pytest.mark.skipif(
+    not on_gpu and not kernel_is_interpreted(),
+    reason="the Triton kernels need a CUDA GPU or TRITON_INTERPRET=1 (the README's test command)")
+DEVICE = "cuda" if on_gpu else "cpu"
+
+MASK_OPTIONS = {
+    "none": {},
+    "causal": {"causal": True},
+    "window": {"window": (19, 7)},
+    "softcap": {"softcap": 5.0, "causal": True},
+    "causal-window": {"causal": True, "window": (24, -1)},
+}
+
+
+def make_inputs(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, layout="bshd",
+                seed=0, magnitude=1.0):
+    """q, k, v and dO drawn from N(0, magnitude^2) in ``layout``."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(h, n):
+        dims = (batch, n, h, head_dim) if layout == "bshd" else (batch, h, n, head_dim)
+        return (magnitude * torch.randn(dims, generator=gen)).to(dtype).to(DEVICE)
+
+    return rand(heads, seqlen_q), rand(kv_heads, seqlen_k), rand(kv_heads, seqlen_k), \
+        rand(heads, seqlen_q)
+
+
+def kernel_gradients(q, k, v, dout, *, layout="bshd", config=None, deterministic=False,
+                     **options):
+    scale = options.pop("scale", 1.0 / math.sqrt(q.shape[-1]))
+    out, lse = flash_forward(q, k, v, layout=layout, scale=scale, **options)
+    return flash_backward(dout, q, k, v, out, lse, layout=layout, scale=scale, config=config,
+                          deterministic=deterministic, **options)
+
+
+def run_and_check(q, k, v, dout, *, layout="bshd", config=None, **options):
+    grads = kernel_gradients(q, k, v, dout, layout=layout, config=config, **options)
+    for name, grad, like in zip(("dq", "dk", "dv"), grads, (q, k, v), strict=True):
+        assert grad.shape == like.shape and grad.dtype == like.dtype, name
+    checks = check_gradients(grads, q, k, v, dout, layout=layout, **options)
+    assert all(c.passed for c in checks), checks
+    return grads
+
+
+# Every head dim of the issue at least once, each with a different length pair, head
+# layout (MHA, GQA 3:1, MQA) and mask; lengths stay small for the interpreter.
+HEAD_DIMS = [32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256]
+SEQLEN_PAIRS = [(37, 53), (70, 20), (113, 97), (64, 128), (1, 45), (45, 1), (96, 96)]
+HEADS = [(2, 2), (6, 2), (3, 1)]
+
+
+def interpreter_grid():
+    masks = list(MASK_OPTIONS)
+    return [(head_dim, SEQLEN_PAIRS[i % len(SEQLEN_PAIRS)], HEADS[i % len(HEADS)],
+             masks[i % len(masks)]) for i, head_dim in enumerate(HEAD_DIMS)]
+
+
+@pytest.mark.parametrize(("head_dim", "seqlens", "heads", "mask"), interpreter_grid(),
+                         ids=lambda x: str(x).replace(" ", ""))
+def test_gradient_grid(head_dim, seqlens, heads, mask):
+    dtype = torch.bfloat16 if head_dim % 3 == 0 else torch.float16
+    q, k, v, dout = make_inputs(1, *heads, *seqlens, head_dim, dtype, seed=head_dim)
+    run_and_check(q, k, v, dout, **MASK_OPTIONS[mask])
+
+
+@pytest.mark.parametrize("seqlens", [(1, 1), (1, 239), (239, 1)])
+def test_tiny_lengths_with_large_inputs_stay_finite(seqlens):
+    q, k, v, dout = make_inputs(1, 2, 1, *seqlens, 64, torch.bfloat16, seed=sum(seqlens),
+                                magnitude=5.0)
+    for options in ({}, {"causal": True}):
+        grads = run_and_check(q, k, v, dout, **options)
+        assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_large_logits_stay_finite():
+    q, k, v, dout = make_inputs(1, 2, 2, 65, 130, 64, torch.bfloat16, seed=4)
+    q = (q.float() * 30).to(torch.bfloat16)
+    grads = run_and_check(q, k, v, dout, scale=1.0, causal=True)
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize(("layout", "tiles"), [("bshd", (16, 64, 64, 16)),
+                                               ("bhsd", (64, 16, 16, 64))])
+def test_both_layouts_and_tile_shapes(layout, tiles):
+    # B_c > B_r and B_r > B_c in each kernel; a window cutting tiles on both sides.
+    q, k, v, dout = make_inputs(2, 2, 1, 97, 75, 32, torch.float16, layout=layout, seed=1)
+    config = BackwardConfig(*tiles, num_warps=4, num_stages=1)
+    run_and_check(q, k, v, dout, layout=layout, config=config, causal=True, window=(30, 5))
+
+
+def test_gqa_gradients_equal_expanded_kv_summed_over_the_group():
+    q, k, v, dout = make_inputs(1, 6, 2, 50, 70, 32, torch.float16, seed=2)
+    dq, dk, dv = kernel_gradients(q, k, v, dout, causal=True)
+    k_wide, v_wide = (t.repeat_interleave(3, dim=2) for t in (k, v))
+    dq_wide, dk_wide, dv_wide = kernel_gradients(q, k_wide, v_wide, dout, causal=True)
+    assert torch.equal(dq, dq_wide)
+    for grouped, wide in ((dk, dk_wide), (dv, dv_wide)):
+        summed = wide.float().view(*wide.shape[:2], 2, 3, wide.shape[-1]).sum(dim=3)
+        assert (grouped.float() - summed).abs().max() <= 2e-3 * summed.abs().max()
+
+
+def test_rows_without_keys_get_zero_dq_and_unseen_keys_zero_dk_dv():
+    # Bottom-right causal with seqlen_q > seqlen_k: the first 50 rows see no key.
+    q, k, v, dout = make_inputs(1, 2, 2, 70, 20, 32, torch.float16, seed=3)
+    dq, dk, dv = run_and_check(q, k, v, dout, causal=True)
+    assert torch.all(dq[:, :50] == 0) and dq[:, 50:].abs().max() > 0
+    # A window (2, 0) with seqlen_q 8 < seqlen_k 40: keys 0..29 are seen by no query.
+    q, k, v, dout = make_inputs(1, 2, 2, 8, 40, 32, torch.float16, seed=4)
+    dq, dk, dv = run_and_check(q, k, v, dout, window=(2, 0))
+    assert torch.all(dk[:, :29] == 0) and torch.all(dv[:, :29] == 0)
+    assert dk[:, 30:].abs().max() > 0
+
+
+def test_deterministic_is_bit_identical_across_runs():
+    q, k, v, dout = make_inputs(1, 2, 1, 70, 90, 32, torch.bfloat16, seed=6)
+    first = kernel_gradients(q, k, v, dout, causal=True, deterministic=True)
+    for _ in range(2):
+        again = kernel_gradients(q, k, v, dout, causal=True, deterministic=True)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    default = kernel_gradients(q, k, v, dout, causal=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, default, strict=True))
+
+
+def test_dout_with_zero_strides_and_non_contiguous_dout():
+    q, k, v, dout = make_inputs(1, 2, 2, 40, 50, 32, torch.float16, seed=7)
+    contiguous = kernel_gradients(q, k, v, dout.contiguous(), causal=True)
+    # A transposed copy viewed back: same values, other strides, last stride 1.
+    strided = dout.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not strided.is_contiguous()
+    assert all(torch.equal(a, b) for a, b in zip(
+        contiguous, kernel_gradients(q, k, v, strided, causal=True), strict=True))
+    # One dO row broadcast over batch, sequence and heads: strides (0, 0, 0, 1).
+    row = dout[0, 0, 0]
+    expanded = row.expand_as(dout)
+    assert expanded.stride() == (0, 0, 0, 1)
+    run_and_check(q, k, v, expanded, causal=True)
+    # out.sum().backward(): autograd hands the backward a dO with every stride 0.
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    attnlab.flash_attn_func(*leaves, causal=True, impl="triton").sum().backward()
+    ones = torch.ones_like(dout)
+    expected = kernel_gradients(q, k, v, ones, causal=True)
+    assert all(torch.equal(leaf.grad, e) for leaf, e in zip(leaves, expected, strict=True))
+
+
+def test_lse_output_is_differentiable_too():
+    q, k, v, dout = make_inputs(1, 2, 1, 30, 45, 32, torch.float16, seed=8)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse, _ = attnlab.flash_attn_func(*leaves, causal=True, return_attn_probs=True,
+                                          impl="triton")
+    weights = torch.randn(lse.shape, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    ((out.float() * dout.float()).sum() + (lse * weights).sum()).backward()
+    refs = [t.detach().transpose(1, 2).double().requires_grad_() for t in (q, k, v)]
+    scores = attnlab.reference.naive(*refs, causal=True, return_scores=True)[1]
+    out64 = attnlab.reference.naive(*refs, causal=True)
+    loss = (out64 * dout.transpose(1, 2).double()).sum() \
+        + (torch.logsumexp(scores, -1) * weights.double()).sum()
+    expected = torch.autograd.grad(loss, refs)
+    for leaf, ref in zip(leaves, expected, strict=True):
+        error = (leaf.grad.transpose(1, 2).double() - ref).abs().max()
+        assert error <= 1e-2 * ref.abs().max(), error
+
+
+def test_bad_dout_and_double_backward_are_clear_errors():
+    q, k, v, dout = make_inputs(1, 2, 2, 20, 20, 32, torch.float16, seed=9)
+    out, lse = flash_forward(q, k, v, layout="bshd", scale=0.2)
+    with pytest.raises(ValueError, match="dout must have the output's shape"):
+        flash_backward(dout[:, :10], q, k, v, out, lse, layout="bshd", scale=0.2)
+    with pytest.raises(TypeError, match="dout must have the output's dtype"):
+        flash_backward(dout.float(), q, k, v, out, lse, layout="bshd", scale=0.2)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        flash_backward(dout, q, k, v, out, lse, layout="sbhd", scale=0.2)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = attnlab.flash_attn_func(*leaves, impl="triton")
+    with pytest.raises(RuntimeError, match="shape"):  # autograd's own check, before ours
+        out.backward(dout[:, :10])
+    (dq,) = torch.autograd.grad(out, leaves[0], dout, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        dq.sum().backward()
+
+
+def test_packed_calls_match_separate_tensors():
+    q, k, v, dout = make_inputs(1, 4, 4, 33, 33, 32, torch.float16, seed=10)
+    qkv = torch.stack((q, k, v), dim=2).requires_grad_()
+    out = attnlab.flash_attn_qkvpacked_func(qkv, causal=True, impl="triton")
+    out.backward(dout)
+    expected = kernel_gradients(q, k, v, dout, causal=True)
+    assert torch.equal(qkv.grad, torch.stack(expected, dim=2))
+    q_leaf, kv = q.clone().requires_grad_(), torch.stack((k, v), dim=2).requires_grad_()
+    attnlab.flash_attn_kvpacked_func(q_leaf, kv, causal=True, impl="triton").backward(dout)
+    assert torch.equal(q_leaf.grad, expected[0])
+    assert torch.equal(kv.grad, torch.stack(expected[1:], dim=2))
+
+
+def test_attention_sdpa_layout_gradients():
+    q, k, v, dout = make_inputs(1, 4, 2, 40, 40, 32, torch.float16, layout="bhsd", seed=11)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    attnlab.attention(*leaves, causal=True, enable_gqa=True, impl="triton",
+                      deterministic=True).backward(dout)
+    checks = check_gradients([t.grad for t in leaves], q, k, v, dout, causal=True)
+    assert all(c.passed for c in checks), checks
+
+
+def test_reference_impl_gradients_come_back_in_the_input_dtype():
+    q, k, v, dout = (t.cpu() for t in make_inputs(1, 2, 2, 16, 16, 16, torch.float16, seed=12))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    attnlab.flash_attn_func(*leaves, causal=True, impl="reference").backward(dout)
+    expected = reference_gradients(*(t.transpose(1, 2) for t in (q, k, v, dout)), causal=True)
+    for leaf, ref in zip(leaves, expected, strict=True):
+        assert leaf.grad.dtype == torch.float16
+        assert (leaf.grad.transpose(1, 2).double() - ref).abs().max() < 1e-2
+
+
+def test_varlen_backward_equals_each_sequence_alone():
+    lengths_q, lengths_k = [5, 40, 17], [30, 40, 3]
+    heads, kv_heads, head_dim = 4, 2, 32
+    gen = torch.Generator().manual_seed(13)
+
+    def rand(total, h):
+        return torch.randn(total, h, head_dim, generator=gen).to(torch.float16).to(DEVICE)
+
+    q, k, v = rand(sum(lengths_q), heads), rand(sum(lengths_k), kv_heads), rand(sum(lengths_k),
+                                                                               kv_heads)
+    dout = rand(sum(lengths_q), heads)
+
+    def cumulative(lengths):
+        return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32,
+                            device=DEVICE)
+
+    varlen = dict(cu_seqlens_q=cumulative(lengths_q), cu_seqlens_k=cumulative(lengths_k),
+                  max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
+    options = dict(scale=0.2, causal=True, window=(12, -1))
+    out, lse = flash_forward(q, k, v, layout="thd", **options, **varlen)
+    dq, dk, dv = flash_backward(dout, q, k, v, out, lse, layout="thd", **options, **varlen)
+    q_at = k_at = 0
+    for length_q, length_k in zip(lengths_q, lengths_k, strict=True):
+        rows, keys = slice(q_at, q_at + length_q), slice(k_at, k_at + length_k)
+        alone = kernel_gradients(q[None, rows], k[None, keys], v[None, keys], dout[None, rows],
+                                 **options)
+        for got, want in zip((dq[rows], dk[keys], dv[keys]), alone, strict=True):
+            assert torch.equal(got, want[0])
+        q_at, k_at = q_at + length_q, k_at + length_k
+
+
+def test_custom_ops_pass_opcheck():
+    q, k, v, dout = make_inputs(1, 2, 1, 9, 12, 16, torch.float16, seed=14)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    options = ("bshd", 0.25, True, -1, -1, 0.0, False, None, None, None, None)
+    torch.library.opcheck(flash_fwd_op, (q, k, v, *options))
+    out, lse = flash_fwd_op(q, k, v, *options)
+    dlse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    # Inputs without grad: the backward op's own backward is a deliberate error.
+    for grad_lse in (None, dlse):
+        torch.library.opcheck(flash_bwd_op, (dout, grad_lse, q.detach(), k.detach(), v.detach(),
+                                             out.detach(), lse.detach(), *options))
+
+
+def test_torch_compile_traces_forward_and_backward():
+    q, k, v, dout = make_inputs(1, 2, 2, 24, 24, 16, torch.float16, seed=15)
+
+    def step(q, k, v):
+        out, _ = attention_forward(q, k, v, layout="bshd", scale=0.25, causal=True,
+                                   window=(-1, -1), softcap=0.0)
+        return out * 2.0
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    compiled(*leaves).backward(dout)
+    eager = [t.clone().requires_grad_() for t in (q, k, v)]
+    step(*eager).backward(dout)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(leaves, eager, strict=True))
+
+
+@triton.jit
+def _bounds_probe(OUT, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, KV_VIEW: tl.constexpr, HAS_LEFT: tl.constexpr,
+                  HAS_RIGHT: tl.constexpr):
+    block = tl.program_id(0)
+    diag_offset = seqlen_k - seqlen_q
+    if KV_VIEW:  # the dK/dV kernel: which query rows see key block `block`
+        lo, full_lo, full_hi, hi = _q_band_bounds(
+            block * BLOCK_N, block * BLOCK_N + BLOCK_N - 1, seqlen_q, diag_offset, window_left,
+            window_right, BLOCK_M, HAS_LEFT, HAS_RIGHT)
+    else:  # the forward and dQ kernels: which keys query block `block` sees
+        lo, full_lo, full_hi, hi = _kv_band_bounds(
+            block * BLOCK_M, block * BLOCK_M + BLOCK_M - 1, seqlen_k, diag_offset, window_left,
+            window_right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    tl.store(OUT + block * 4, lo)
+    tl.store(OUT + block * 4 + 1, full_lo)
+    tl.store(OUT + block * 4 + 2, full_hi)
+    tl.store(OUT + block * 4 + 3, hi)
+
+
+@pytest.mark.parametrize("options", [{"causal": True}, {"window": (40, 9)}, {"window": (-1, 20)},
+                                     {"causal": True, "window": (70, -1)}, {}], ids=str)
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(128, 256), (256, 128), (192, 192)])
+def test_kernel_band_bounds_match_the_tile_plan(options, seqlen_q, seqlen_k):
+    # Lengths that are tile multiples: the kernels' bounds are then exactly the plan's.
+    block_m, block_n = 32, 64
+    shape = AttentionShape(seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m,
+                           block_n=block_n, **options)
+    plan = tile_plan(shape)
+    left, right = shape.window
+    if shape.causal:
+        right = 0 if right < 0 else min(right, 0)
+    for kv_view, blocks, step in ((True, plan.kv_tiles, block_m),
+                                  (False, len(plan.query_tiles), block_n)):
+        bounds = torch.zeros(blocks * 4, dtype=torch.int32, device=DEVICE)
+        _bounds_probe[(blocks,)](bounds, seqlen_q, seqlen_k, max(left, 0), max(right, 0),
+                                 block_m, block_n, kv_view, left >= 0, right >= 0)
+        for block, (lo, full_lo, full_hi, hi) in enumerate(bounds.view(-1, 4).tolist()):
+            if kv_view:
+                classes = [plan.tile_class(i, block) for i in range(len(plan.query_tiles))]
+            else:
+                classes = list(plan.query_tiles[block].tile_classes)
+            loaded = [t for t, c in enumerate(classes) if c != SKIPPED]
+            full = [t for t, c in enumerate(classes) if c == FULL]
+            assert list(range(lo // step, -(-hi // step))) == loaded, (block, kv_view)
+            assert list(range(full_lo // step, full_hi // step)) == full, (block, kv_view)
+
+
+# ---------------------------------------------------------------------------
+# GPU: the grid at real sizes, determinism, O(N * d) memory, 64-bit offsets.
+
+gpu = pytest.mark.skipif(not on_gpu, reason="needs a CUDA GPU")
+GPU_SEQLEN_PAIRS = [(1, 1), (1, 239), (239, 1), (113, 203), (128, 217), (1023, 1024), (512, 512)]
+
+
+def gpu_grid():
+    """Each head dim with two masks, one per dtype: every (head dim, mask) compile costs
+    seconds, and the length pairs and head layouts inside each case are cheap."""
+    masks = list(MASK_OPTIONS)
+    return [(head_dim, masks[(i + shift) % len(masks)], dtype)
+            for i, head_dim in enumerate(HEAD_DIMS)
+            for shift, dtype in ((0, torch.float16), (2, torch.bfloat16))]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("head_dim", "mask", "dtype"), gpu_grid(), ids=str)
+def test_gpu_gradient_grid(head_dim, mask, dtype):
+    for (seqlen_q, seqlen_k), heads in itertools.product(GPU_SEQLEN_PAIRS, HEADS):
+        q, k, v, dout = make_inputs(2, *heads, seqlen_q, seqlen_k, head_dim, dtype,
+                                    seed=seqlen_q + head_dim)
+        run_and_check(q, k, v, dout, **MASK_OPTIONS[mask])
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_deterministic_50_repeats():
+    q, k, v, dout = make_inputs(2, 24, 4, 2048, 2048, 128, torch.bfloat16, seed=16)
+    first = kernel_gradients(q, k, v, dout, causal=True, deterministic=True)
+    for _ in range(49):
+        again = kernel_gradients(q, k, v, dout, causal=True, deterministic=True)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_backward_memory_is_linear_in_seqlen():
+    seqlen, heads, head_dim = 32768, 8, 128
+    q, k, v, dout = make_inputs(1, heads, heads, seqlen, seqlen, head_dim, torch.bfloat16)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    out = attnlab.flash_attn_func(*leaves, causal=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out.backward(dout)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    tensor_bytes = q.numel() * q.element_size()
+    # dQ, dK, dV and D (fp32, one per row): O(N * d).  S alone would be 16 GiB here.
+    assert extra <= 3 * tensor_bytes + heads * seqlen * 4 + (8 << 20), extra
+
+
+def _chunked_reference(q, k, v, dout, scale, key_rows, chunk=16384):
+    """fp32 O, LSE, dQ (all rows) and dK, dV (``key_rows`` only) for one very long K/V,
+    bshd with batch 1, computed chunk by chunk over the keys."""
+    qf, dof = q[0].float().transpose(0, 1), dout[0].float().transpose(0, 1)  # (h, m, d)
+    seqlen_k = k.shape[1]
+    m = torch.full(qf.shape[:2], float("-inf"), device=q.device)
+    l_sum = torch.zeros(qf.shape[:2], device=q.device)
+    acc = torch.zeros_like(qf)
+    for start in range(0, seqlen_k, chunk):
+        kc = k[0, start:start + chunk].float().transpose(0, 1)
+        vc = v[0, start:start + chunk].float().transpose(0, 1)
+        s = torch.matmul(qf, kc.transpose(1, 2)) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l_sum = l_sum * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + torch.matmul(p, vc)
+        m = m_new
+    out = acc / l_sum[..., None]
+    lse = m + torch.log(l_sum)
+    delta = (out * dof).sum(-1)
+    dq = torch.zeros_like(qf)
+    for start in range(0, seqlen_k, chunk):
+        kc = k[0, start:start + chunk].float().transpose(0, 1)
+        vc = v[0, start:start + chunk].float().transpose(0, 1)
+        p = torch.exp(torch.matmul(qf, kc.transpose(1, 2)) * scale - lse[..., None])
+        ds = p * (torch.matmul(dof, vc.transpose(1, 2)) - delta[..., None])
+        dq += scale * torch.matmul(ds, kc)
+    kr = k[0, key_rows].float().transpose(0, 1)
+    vr = v[0, key_rows].float().transpose(0, 1)
+    p = torch.exp(torch.matmul(qf, kr.transpose(1, 2)) * scale - lse[..., None])
+    dv = torch.matmul(p.transpose(1, 2), dof)
+    ds = p * (torch.matmul(dof, vr.transpose(1, 2)) - delta[..., None])
+    dk = scale * torch.matmul(ds.transpose(1, 2), qf)
+    return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_tensors_past_2_31_elements():
+    # K and V: 600k tokens x 32 heads x 128 = 2.46e9 elements each (4.9 GB in bf16), so
+    # row offsets in the last tiles pass 2^31; dK and dV are as large again.
+    seqlen_q, seqlen_k, heads, head_dim = 128, 600_000, 32, 128
+    needed = 4 * seqlen_k * heads * head_dim * 2 + (6 << 30)
+    free, _ = torch.cuda.mem_get_info()
+    if free < needed:
+        pytest.skip(f"needs about {needed / 2**30:.0f} GiB of free GPU memory, "
+                    f"{free / 2**30:.0f} GiB free")
+    gen = torch.Generator(device="cuda").manual_seed(17)
+
+    def rand(n):
+        return torch.randn(1, n, heads, head_dim, generator=gen, device="cuda",
+                           dtype=torch.bfloat16)
+
+    q, dout = rand(seqlen_q), rand(seqlen_q)
+    k, v = rand(seqlen_k), rand(seqlen_k)
+    assert k.numel() > 2**31
+    scale = 1.0 / math.sqrt(head_dim)
+    out, lse = flash_forward(q, k, v, layout="bshd", scale=scale)
+    dq, dk, dv = flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale)
+    key_rows = torch.tensor([0, 1, 300_000, seqlen_k - 130, seqlen_k - 2, seqlen_k - 1],
+                            device="cuda")
+    ref_dq, ref_dk, ref_dv = _chunked_reference(q, k, v, dout, scale, key_rows)
+    for got, want in ((dq[0], ref_dq), (dk[0, key_rows], ref_dk), (dv[0, key_rows], ref_dv)):
+        assert torch.isfinite(got).all()
+        error = (got.float() - want).abs().max().item()
+        assert error <= 2e-2 * want.abs().max().item() + 1e-6, error

@@ -1,0 +1,542 @@
+"""Flash-Decoding and the KV-cache API against the float64 reference.
+
+On the CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1) with small
+caches and 32-key tiles, so a few hundred keys already span many tiles and splits;
+the GPU tests at the bottom repeat the invariants at real sizes (128k keys, batch 64,
+CUDA-graph capture).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.accuracy import check_accuracy
+from attnlab.kernels.configs import decode_config
+from attnlab.kernels.decode import (
+    MAX_SPLITS,
+    choose_num_splits,
+    flash_decode,
+    launch_plan,
+    prefers_decode,
+    wave_efficiency,
+)
+from attnlab.kernels.forward import kernel_is_interpreted
+from attnlab.reference import merge_states as reference_merge_states
+from attnlab.reference import split_kv
+from attnlab.reference.decode import apply_rotary, kvcache_attention
+
+on_gpu = torch.cuda.is_available()
+runs_kernels = pytest.mark.skipif(
+    not on_gpu and not kernel_is_interpreted(),
+    reason="the Triton kernels need a CUDA GPU or TRITON_INTERPRET=1 (the README's test command)")
+gpu = pytest.mark.skipif(not on_gpu, reason="needs a CUDA GPU")
+DEVICE = "cuda" if on_gpu else "cpu"
+BLOCK_N = decode_config(64, interpreted=kernel_is_interpreted()).block_n
+
+
+def randn(*shape, dtype=torch.float16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(DEVICE)
+
+
+def to_bhsd(t):
+    return t.transpose(1, 2)
+
+
+def check_dense(out, lse, q, k, v, **options):
+    """The accuracy rule on a dense (bshd) q, k, v; returns the check."""
+    result = check_accuracy(out, lse, q, k, v, layout="bshd", **options)
+    assert result.passed, result
+    return result
+
+
+def paged_copy(cache, page_size, *, extra_pages=3, seed=0):
+    """(pages, block_table): the contiguous cache's rows scattered over shuffled pages."""
+    batch, capacity = cache.shape[:2]
+    per_seq = -(-capacity // page_size)
+    total = batch * per_seq + extra_pages
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:batch * per_seq]
+    block_table = order.view(batch, per_seq).to(torch.int32).to(cache.device)
+    pages = torch.randn((total, page_size, *cache.shape[2:]), dtype=torch.float32).to(cache.dtype)
+    pages = pages.to(cache.device)
+    padded = torch.zeros((batch, per_seq * page_size, *cache.shape[2:]), dtype=cache.dtype,
+                         device=cache.device)
+    padded[:, :capacity] = cache
+    pages[block_table.flatten().long()] = padded.view(batch * per_seq, page_size, *cache.shape[2:])
+    return pages, block_table
+
+
+# ----- the split-count policy (pure arithmetic) -------------------------------------------
+def test_wave_arithmetic_examples_in_the_docstring():
+    h200 = dict(sm_count=132, ctas_per_sm=1)  # the tuned d = 128 tiling: 128-key steps
+    assert choose_num_splits(batch=1, kv_heads=8, row_blocks=1, kv_tiles=256, **h200) == 14
+    assert choose_num_splits(batch=16, kv_heads=8, row_blocks=1, kv_tiles=256, **h200) == 1
+    assert choose_num_splits(batch=64, kv_heads=8, row_blocks=1, kv_tiles=1024, **h200) == 1
+    two_per_sm = dict(sm_count=132, ctas_per_sm=2)  # 64-key steps: twice the splits
+    assert choose_num_splits(batch=1, kv_heads=8, row_blocks=1, kv_tiles=512, **two_per_sm) == 29
+    assert choose_num_splits(batch=16, kv_heads=8, row_blocks=1, kv_tiles=512, **two_per_sm) == 2
+    assert wave_efficiency(224, 264) == pytest.approx(224 / 264)
+    assert wave_efficiency(300, 264) == pytest.approx(300 / 528)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5, 16, 64])
+@pytest.mark.parametrize("kv_tiles", [1, 2, 3, 63, 2048])
+def test_split_count_is_bounded_and_never_leaves_empty_splits(batch, kv_tiles):
+    splits = choose_num_splits(batch=batch, kv_heads=8, row_blocks=1, kv_tiles=kv_tiles,
+                               sm_count=132, ctas_per_sm=2)
+    assert 1 <= splits <= MAX_SPLITS
+    assert splits == 1 or kv_tiles // splits >= 2
+    per_split = -(-kv_tiles // splits)
+    assert (splits - 1) * per_split < kv_tiles  # the last split has a tile
+
+
+def test_launch_plan_counts_programs_against_sms():
+    plan = launch_plan(batch=1, kv_heads=8, query_heads=32, seqlen_q=1, seqlen_k=32768,
+                       head_dim=128, sm_count=132)
+    assert plan["num_splits"] == 14 and plan["programs"] == 8 * 14
+    assert plan["block_m"] == 16  # 4 query heads packed, padded to tl.dot's 16 rows
+
+
+def test_routing_policy():
+    assert prefers_decode(seqlen_q=1, seqlen_k=4096, needs_grad=False)
+    assert not prefers_decode(seqlen_q=1, seqlen_k=4096, needs_grad=True)
+    assert not prefers_decode(seqlen_q=1024, seqlen_k=1024, needs_grad=False)
+    assert not prefers_decode(seqlen_q=64, seqlen_k=200, needs_grad=False)
+
+
+# ----- kernel == reference ------------------------------------------------------------------
+@runs_kernels
+@pytest.mark.parametrize(("seqlen_q", "options"), [
+    (1, {}), (1, {"causal": True}), (5, {"causal": True}), (3, {"window": (40, 0)}),
+    (2, {"softcap": 4.0}), (9, {"causal": True, "window": (50, -1)}),
+])
+def test_decode_equals_last_rows_of_prefill(seqlen_q, options):
+    # The prefill over the whole sequence, then its last rows: what a decode step computes.
+    batch, heads, kv_heads, dim, total = 2, 8, 2, 64, 200
+    q_all = randn(batch, total, heads, dim, seed=1)
+    k, v = randn(batch, total, kv_heads, dim, seed=2), randn(batch, total, kv_heads, dim, seed=3)
+    scale = 1 / math.sqrt(dim)
+    out, lse = flash_decode(q_all[:, -seqlen_q:], k, v, scale=scale, **options)
+    prefill, prefill_lse = attnlab.flash_attn_func(
+        q_all.double().cpu(), k.double().cpu(), v.double().cpu(), softmax_scale=scale,
+        causal=options.get("causal", False), window_size=options.get("window", (-1, -1)),
+        softcap=options.get("softcap", 0.0), return_attn_probs=True, impl="reference")[:2]
+    check_dense(out, lse, q_all[:, -seqlen_q:], k, v, scale=scale, **options)
+    torch.testing.assert_close(out.double().cpu(), prefill[:, -seqlen_q:], atol=3e-3, rtol=0)
+    torch.testing.assert_close(lse.double().cpu(), prefill_lse[:, :, -seqlen_q:].double(),
+                               atol=1e-4, rtol=0)
+
+
+@runs_kernels
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 17, 133])
+def test_k_splits_equal_one_split_and_the_reference_split_by_split(num_splits):
+    # 239 keys: 8 tiles of 32 on the CPU, so 17 and 133 splits leave most splits empty.
+    heads, kv_heads, dim, seqlen_k = 4, 1, 32, 239
+    q, k, v = randn(1, 2, heads, dim, seed=4), randn(1, seqlen_k, kv_heads, dim, seed=5), \
+        randn(1, seqlen_k, kv_heads, dim, seed=6)
+    scale = 1 / math.sqrt(dim)
+    out, lse, (o_part, lse_part) = flash_decode(q, k, v, scale=scale, causal=True,
+                                                num_splits=num_splits, return_partials=True)
+    one, one_lse = flash_decode(q, k, v, scale=scale, causal=True, num_splits=1)
+    states = split_kv(*(to_bhsd(t).double().cpu() for t in (q, k, v)), num_splits=num_splits,
+                      causal=True, scale=scale, block_n=BLOCK_N)
+    for split, state in enumerate(states):
+        got_o = o_part[:, :, :, split].permute(0, 2, 1, 3).double().cpu()
+        got_lse = lse_part[:, :, :, split].transpose(1, 2).double().cpu()
+        assert torch.equal(torch.isneginf(got_lse), torch.isneginf(state.lse)), split
+        if not state.kv_tiles:
+            assert torch.all(got_o == 0) and torch.isneginf(got_lse).all()
+        torch.testing.assert_close(got_o, state.out, atol=2e-3, rtol=0)
+        finite = torch.isfinite(state.lse)
+        torch.testing.assert_close(got_lse[finite], state.lse[finite], atol=1e-4, rtol=0)
+    check_dense(out, lse, q, k, v, scale=scale, causal=True)
+    torch.testing.assert_close(out.float(), one.float(), atol=2e-3, rtol=0)
+    torch.testing.assert_close(lse, one_lse, atol=1e-5, rtol=0)
+
+
+@runs_kernels
+@pytest.mark.parametrize("page_size", [16, 48, 64])
+def test_paged_cache_equals_contiguous(page_size):
+    # 48 = one and a half 32-key tiles: tiles cross pages.  64: two tiles per page.
+    batch, heads, kv_heads, dim, capacity = 2, 4, 2, 32, 150
+    q = randn(batch, 1, heads, dim, seed=7)
+    k_cache, v_cache = randn(batch, capacity, kv_heads, dim, seed=8), \
+        randn(batch, capacity, kv_heads, dim, seed=9)
+    lengths = torch.tensor([150, 97], dtype=torch.int32, device=DEVICE)
+    k_pages, block_table = paged_copy(k_cache, page_size, seed=1)
+    v_pages, _ = paged_copy(v_cache, page_size, seed=1)
+    options = dict(cache_seqlens=lengths, causal=True, num_splits=3)
+    contiguous, c_lse = attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=True,
+                                                        impl="triton", **options)
+    paged, p_lse = attnlab.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=block_table,
+                                                   return_softmax_lse=True, impl="triton", **options)
+    assert attnlab.last_impl() == "triton-decode"
+    assert torch.equal(contiguous, paged) and torch.equal(c_lse, p_lse)
+    for b, length in enumerate(lengths.tolist()):
+        check_dense(paged[b:b + 1], p_lse[b:b + 1], q[b:b + 1], k_cache[b:b + 1, :length],
+                    v_cache[b:b + 1, :length], causal=True)
+
+
+@runs_kernels
+@pytest.mark.parametrize("paged", [False, True])
+def test_append_then_attend_writes_exactly_the_new_rows(paged):
+    batch, heads, kv_heads, dim, capacity, seqlen_new = 3, 4, 2, 32, 96, 3
+    q = randn(batch, seqlen_new, heads, dim, seed=10)
+    k_new, v_new = randn(batch, seqlen_new, kv_heads, dim, seed=11), \
+        randn(batch, seqlen_new, kv_heads, dim, seed=12)
+    k_cache, v_cache = randn(batch, capacity, kv_heads, dim, seed=13), \
+        randn(batch, capacity, kv_heads, dim, seed=14)
+    lengths = torch.tensor([0, 40, 93], dtype=torch.int32, device=DEVICE)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(lengths.tolist()):
+        expected_k[b, n:n + seqlen_new] = k_new[b]
+        expected_v[b, n:n + seqlen_new] = v_new[b]
+    extra = {}
+    if paged:
+        k_cache, block_table = paged_copy(k_cache, 32, seed=2)
+        v_cache, _ = paged_copy(v_cache, 32, seed=2)
+        untouched_k, untouched_v = paged_copy(expected_k, 32, seed=2)[0], paged_copy(expected_v, 32, seed=2)[0]
+        extra["block_table"] = block_table
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    out, lse = attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                               cache_seqlens=lengths, causal=True,
+                                               return_softmax_lse=True, impl="triton", **extra)
+    if paged:
+        # Pages the table does not use keep their bytes; used pages hold the expected rows.
+        used = extra["block_table"].flatten().long()
+        spare = torch.ones(k_cache.shape[0], dtype=torch.bool, device=DEVICE)
+        spare[used] = False
+        assert torch.equal(k_cache[spare], before_k[spare]) and torch.equal(v_cache[spare], before_v[spare])
+        assert torch.equal(k_cache[used], untouched_k[used]) and torch.equal(v_cache[used], untouched_v[used])
+    else:
+        assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    for b, n in enumerate(lengths.tolist()):
+        end = n + seqlen_new
+        check_dense(out[b:b + 1], lse[b:b + 1], q[b:b + 1], expected_k[b:b + 1, :end],
+                    expected_v[b:b + 1, :end], causal=True)
+
+
+def rotate_by_hand(x, cos, sin, positions, interleaved):
+    """Rotary embedding element by element in float64 (the definition, no vector tricks)."""
+    x = x.double().cpu()
+    out = x.clone()
+    half = cos.shape[1]
+    for b in range(x.shape[0]):
+        for s in range(x.shape[1]):
+            p = int(positions[b, s])
+            for i in range(half):
+                c, n = float(cos[p, i]), float(sin[p, i])
+                a, z = (2 * i, 2 * i + 1) if interleaved else (i, i + half)
+                out[b, s, :, a] = x[b, s, :, a] * c - x[b, s, :, z] * n
+                out[b, s, :, z] = x[b, s, :, a] * n + x[b, s, :, z] * c
+    return out
+
+
+@runs_kernels
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+def test_rotary_equals_rotary_by_hand(interleaved, causal):
+    batch, heads, kv_heads, dim, capacity, rotary_dim = 2, 2, 1, 48, 64, 32
+    seqlen_q = seqlen_new = 2
+    angle = torch.rand(capacity, rotary_dim // 2, generator=torch.Generator().manual_seed(3)) * 6.3
+    cos, sin = torch.cos(angle).to(DEVICE), torch.sin(angle).to(DEVICE)
+    q = randn(batch, seqlen_q, heads, dim, seed=15)
+    k_new, v_new = randn(batch, seqlen_new, kv_heads, dim, seed=16), \
+        randn(batch, seqlen_new, kv_heads, dim, seed=17)
+    k_cache, v_cache = randn(batch, capacity, kv_heads, dim, seed=18), \
+        randn(batch, capacity, kv_heads, dim, seed=19)
+    lengths = torch.tensor([5, 50], dtype=torch.int32, device=DEVICE)
+    k_positions = lengths.long()[:, None].cpu() + torch.arange(seqlen_new)
+    q_positions = lengths.long()[:, None].cpu() + (torch.arange(seqlen_q) if causal else 0)
+    q_q = rotate_by_hand(q, cos.cpu(), sin.cpu(), q_positions.expand(batch, seqlen_q), interleaved)
+    k_k = rotate_by_hand(k_new, cos.cpu(), sin.cpu(), k_positions, interleaved)
+    got_q = apply_rotary(q.double(), cos, sin, q_positions.expand(batch, seqlen_q).to(DEVICE),
+                         interleaved=interleaved)
+    torch.testing.assert_close(got_q.cpu(), q_q, atol=1e-12, rtol=0)
+
+    hand_k_cache, hand_v_cache = k_cache.clone(), v_cache.clone()
+    out = attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos,
+                                          rotary_sin=sin, cache_seqlens=lengths, causal=causal,
+                                          rotary_interleaved=interleaved, impl="triton")
+    for b, n in enumerate(lengths.tolist()):
+        # The cache holds the rotated new keys (rounded once to fp16), values unrotated.
+        torch.testing.assert_close(k_cache[b, n:n + seqlen_new].double().cpu(), k_k[b],
+                                   atol=2e-3, rtol=0)
+        assert torch.equal(v_cache[b, n:n + seqlen_new], v_new[b])
+        hand_k_cache[b, n:n + seqlen_new] = k_cache[b, n:n + seqlen_new]
+        hand_v_cache[b, n:n + seqlen_new] = v_new[b]
+        expected, _ = kvcache_attention(q_q[b:b + 1].to(q.dtype).to(DEVICE), hand_k_cache[b:b + 1],
+                                        hand_v_cache[b:b + 1], cache_seqlens=n + seqlen_new,
+                                        causal=causal)
+        torch.testing.assert_close(out[b:b + 1].float(), expected.float(), atol=4e-3, rtol=0)
+
+
+@runs_kernels
+def test_leftpad_and_batch_idx_equal_the_unpadded_call():
+    heads, kv_heads, dim, capacity = 4, 2, 32, 120
+    q = randn(2, 2, heads, dim, seed=20)
+    pool_k, pool_v = randn(4, capacity, kv_heads, dim, seed=21), randn(4, capacity, kv_heads, dim, seed=22)
+    batch_idx = torch.tensor([3, 1], dtype=torch.int32, device=DEVICE)
+    leftpad = torch.tensor([10, 0], dtype=torch.int32, device=DEVICE)
+    lengths = torch.tensor([110, 77], dtype=torch.int32, device=DEVICE)
+    out, lse = attnlab.flash_attn_with_kvcache(
+        q, pool_k, pool_v, cache_seqlens=lengths, cache_batch_idx=batch_idx, cache_leftpad=leftpad,
+        causal=True, return_softmax_lse=True, num_splits=2, impl="triton")
+    for b, (row, first, end) in enumerate(zip(batch_idx.tolist(), leftpad.tolist(), lengths.tolist(),
+                                              strict=True)):
+        k, v = pool_k[row:row + 1, first:end].contiguous(), pool_v[row:row + 1, first:end].contiguous()
+        alone, alone_lse = attnlab.flash_attn_with_kvcache(
+            q[b:b + 1], k, v, causal=True, return_softmax_lse=True, num_splits=2, impl="triton")
+        torch.testing.assert_close(out[b:b + 1], alone, atol=1e-3, rtol=0)
+        torch.testing.assert_close(lse[b:b + 1], alone_lse, atol=1e-5, rtol=0)
+        check_dense(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k, v, causal=True)
+
+
+@runs_kernels
+@pytest.mark.parametrize(("heads", "kv_heads", "seqlen_q"), [(2, 2, 3), (8, 2, 2), (8, 1, 1), (32, 1, 3)])
+def test_gqa_ratios(heads, kv_heads, seqlen_q):
+    # Ratio 32 with 3 queries packs 96 rows: two 64-row blocks per KV head.
+    dim, seqlen_k = 32, 130
+    q, k, v = randn(1, seqlen_q, heads, dim, seed=23), randn(1, seqlen_k, kv_heads, dim, seed=24), \
+        randn(1, seqlen_k, kv_heads, dim, seed=25)
+    out, lse = flash_decode(q, k, v, scale=0.2, causal=True, num_splits=2)
+    check_dense(out, lse, q, k, v, scale=0.2, causal=True)
+
+
+@runs_kernels
+@pytest.mark.parametrize("seqlen_k", [1, 239, 4097])
+def test_cache_lengths(seqlen_k):
+    dim = 64
+    q = randn(1, 1, 4, dim, dtype=torch.bfloat16, seed=seqlen_k)
+    k, v = randn(1, seqlen_k, 1, dim, dtype=torch.bfloat16, seed=1), \
+        randn(1, seqlen_k, 1, dim, dtype=torch.bfloat16, seed=2)
+    out, lse = attnlab.flash_attn_with_kvcache(q, k, v, causal=True, return_softmax_lse=True,
+                                               impl="triton")
+    check_dense(out, lse, q, k, v, causal=True)
+
+
+@runs_kernels
+def test_empty_sequences_give_zero_and_minus_inf():
+    q = randn(2, 1, 2, 32, seed=26)
+    k_cache, v_cache = randn(2, 64, 1, 32, seed=27), randn(2, 64, 1, 32, seed=28)
+    lengths = torch.tensor([0, 64], dtype=torch.int32, device=DEVICE)
+    out, lse = attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                               return_softmax_lse=True, num_splits=4, impl="triton")
+    assert torch.all(out[0] == 0) and torch.isneginf(lse[0]).all()
+    assert torch.isfinite(lse[1]).all() and not torch.isnan(out).any()
+
+
+@runs_kernels
+def test_attention_routes_decode_shapes_to_the_split_kernel():
+    q, k, v = randn(2, 4, 1, 64, seed=29), randn(2, 2, 300, 64, seed=30), randn(2, 2, 300, 64, seed=31)
+    out, lse = attnlab.attention(q, k, v, enable_gqa=True, causal=True, return_lse=True, impl="triton")
+    assert attnlab.last_impl() == "triton-decode"
+    assert check_accuracy(out, lse, q, k, v, causal=True).passed
+
+
+@runs_kernels
+def test_reference_impl_matches_the_kernel():
+    q = randn(2, 2, 4, 32, seed=32)
+    k_cache, v_cache = randn(2, 80, 2, 32, seed=33), randn(2, 80, 2, 32, seed=34)
+    k_new, v_new = randn(2, 2, 2, 32, seed=35), randn(2, 2, 2, 32, seed=36)
+    lengths = torch.tensor([7, 70], dtype=torch.int32, device=DEVICE)
+    caches = [(k_cache.clone(), v_cache.clone()) for _ in range(2)]
+    outs = [attnlab.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lengths,
+                                            causal=True, impl=impl)
+            for (kc, vc), impl in zip(caches, ("triton", "reference"), strict=True)]
+    assert attnlab.last_impl() == "reference"
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    torch.testing.assert_close(outs[0], outs[1], atol=2e-3, rtol=0)
+
+
+# ----- merge_states ---------------------------------------------------------------------------
+def test_merge_states_is_exact_and_drops_empty_partials():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 10, generator=gen, dtype=torch.float64)
+    values = torch.randn(10, 4, generator=gen, dtype=torch.float64)
+
+    def attend(cols):
+        s = scores[:, cols]
+        return torch.softmax(s, -1) @ values[cols], torch.logsumexp(s, -1)
+
+    whole = attend(slice(0, 10))
+    parts = [attend(slice(0, 3)), attend(slice(3, 7)), attend(slice(7, 10))]
+    out, lse = attnlab.merge_states_many([p[0] for p in parts], [p[1] for p in parts])
+    torch.testing.assert_close(out, whole[0]) and torch.testing.assert_close(lse, whole[1])
+    empty_o, empty_lse = torch.full((3, 4), float("nan"), dtype=torch.float64), \
+        torch.full((3,), float("-inf"), dtype=torch.float64)
+    out2, lse2 = attnlab.merge_states(whole[0], whole[1], empty_o, empty_lse)
+    torch.testing.assert_close(out2, whole[0]) and torch.testing.assert_close(lse2, whole[1])
+    none_o, none_lse = attnlab.merge_states(empty_o.float(), empty_lse.float(), empty_o.float(),
+                                            empty_lse.float())
+    assert torch.all(none_o == 0) and torch.isneginf(none_lse).all()
+    # fp16 partials are merged in fp32 and returned in fp16, LSE in fp32.
+    half, half_lse = attnlab.merge_states(whole[0].half(), whole[1].half(), whole[0].half(), whole[1].half())
+    assert half.dtype == torch.float16 and half_lse.dtype == torch.float32
+    torch.testing.assert_close(half_lse, whole[1].float() + math.log(2), atol=2e-3, rtol=0)
+    # The public merge is the reference's formula.
+    ref_out, ref_lse = reference_merge_states(*parts[0], *parts[1])
+    pub_out, pub_lse = attnlab.merge_states(*parts[0], *parts[1])
+    assert torch.equal(ref_out, pub_out) and torch.equal(ref_lse, pub_lse)
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda o, l: attnlab.merge_states_many([], []), TypeError, "outs"),
+    (lambda o, l: attnlab.merge_states_many([o], [l, l]), ValueError, "one entry per partial"),
+    (lambda o, l: attnlab.merge_states(o, l, o, l[:1]), ValueError, "lses"),
+    (lambda o, l: attnlab.merge_states(o, l, o.int(), l), TypeError, "outs"),
+])
+def test_merge_states_rejects_bad_inputs(call, error, match):
+    o, lse = torch.zeros(2, 4), torch.zeros(2)
+    with pytest.raises(error, match=match):
+        call(o, lse)
+
+
+# ----- bad inputs raise before any kernel runs ----------------------------------------------------
+def _inputs():
+    q = torch.zeros(2, 1, 4, 32, dtype=torch.float16)
+    cache = torch.zeros(2, 64, 2, 32, dtype=torch.float16)
+    return q, cache, cache.clone()
+
+
+def _bad_calls():
+    lengths = torch.tensor([3, 70], dtype=torch.int32)
+    negative = torch.tensor([-1, 3], dtype=torch.int32)
+    pages = torch.zeros(8, 16, 2, 32, dtype=torch.float16)
+    table = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 9]], dtype=torch.int32)
+    f = attnlab.flash_attn_with_kvcache
+    cos = torch.ones(64, 8)
+    return [
+        ("seqlens beyond capacity", lambda q, kc, vc: f(q, kc, vc, cache_seqlens=lengths),
+         ValueError, r"cache_seqlens\[1\] = 70"),
+        ("negative seqlens", lambda q, kc, vc: f(q, kc, vc, cache_seqlens=negative),
+         ValueError, r"cache_seqlens\[0\] = -1"),
+        ("int seqlens beyond capacity", lambda q, kc, vc: f(q, kc, vc, cache_seqlens=65),
+         ValueError, "cache_seqlens"),
+        ("seqlens int64", lambda q, kc, vc: f(q, kc, vc, cache_seqlens=lengths.long()),
+         TypeError, "cache_seqlens must have dtype torch.int32"),
+        ("block table out of range", lambda q, kc, vc: f(q, pages, pages, block_table=table),
+         ValueError, r"block_table\[1, 3\] = 9"),
+        ("page size", lambda q, kc, vc: f(q, pages[:, :8], pages[:, :8], block_table=table),
+         ValueError, "multiple of 16"),
+        ("cache dtype", lambda q, kc, vc: f(q, kc.float(), vc.float()), TypeError,
+         "k_cache.dtype must equal q.dtype"),
+        ("cache dims", lambda q, kc, vc: f(q, kc[0], vc[0]), ValueError, "k_cache must be 4-D"),
+        ("q dims", lambda q, kc, vc: f(q[0], kc, vc), ValueError, "q must be 4-D"),
+        ("alibi", lambda q, kc, vc: f(q, kc, vc, alibi_slopes=torch.ones(4)), NotImplementedError,
+         "alibi_slopes"),
+        ("rotary dim", lambda q, kc, vc: f(q, kc, vc, q[:, :1, :2], q[:, :1, :2], rotary_cos=cos[:, :4],
+                                             rotary_sin=cos[:, :4], cache_seqlens=1),
+         ValueError, "multiple of 16"),
+        ("rotary without k", lambda q, kc, vc: f(q, kc, vc, rotary_cos=cos, rotary_sin=cos,
+                                                   cache_seqlens=1), ValueError, "need the new k"),
+        ("rotary too short", lambda q, kc, vc: f(q, kc, vc, kc[:, :1], vc[:, :1], rotary_cos=cos[:10],
+                                                   rotary_sin=cos[:10], cache_seqlens=1),
+         ValueError, "seqlen_ro"),
+        ("rotary shapes", lambda q, kc, vc: f(q, kc, vc, kc[:, :1], vc[:, :1], rotary_cos=cos,
+                                                rotary_sin=cos[:, :4], cache_seqlens=1),
+         ValueError, "rotary_cos and rotary_sin"),
+        ("k without v", lambda q, kc, vc: f(q, kc, vc, kc[:, :1], cache_seqlens=1), ValueError,
+         "k and v"),
+        ("k without seqlens", lambda q, kc, vc: f(q, kc, vc, kc[:, :1], vc[:, :1]), ValueError,
+         "cache_seqlens must be given"),
+        ("append past capacity", lambda q, kc, vc: f(q, kc, vc, kc[:, :2], vc[:, :2], cache_seqlens=63),
+         ValueError, "capacity"),
+        ("leftpad beyond seqlens", lambda q, kc, vc: f(
+            q, kc, vc, cache_seqlens=lengths.clamp(max=10),
+            cache_leftpad=torch.tensor([2, 11], dtype=torch.int32)), ValueError, r"cache_leftpad\[1\]"),
+        ("batch idx range", lambda q, kc, vc: f(q, kc, vc, cache_batch_idx=torch.tensor(
+            [0, 2], dtype=torch.int32)), ValueError, r"cache_batch_idx\[1\] = 2"),
+        ("num splits", lambda q, kc, vc: f(q, kc, vc, num_splits=-1), ValueError, "num_splits"),
+        ("heads", lambda q, kc, vc: f(q[:, :, :3], kc, vc), ValueError, "must divide"),
+        ("window", lambda q, kc, vc: f(q, kc, vc, window_size=(1,)), TypeError, "window_size"),
+        ("paged with batch idx", lambda q, kc, vc: f(q, pages, pages, block_table=table[:, :2],
+                                                       cache_batch_idx=lengths), NotImplementedError,
+         "cache_batch_idx"),
+    ]
+
+
+@pytest.mark.parametrize(("case", "call", "error", "match"), _bad_calls(), ids=lambda x: x if isinstance(x, str) else "")
+def test_bad_inputs_raise_clear_errors(case, call, error, match):
+    q, k_cache, v_cache = _inputs()
+    before = k_cache.clone()
+    with pytest.raises(error, match=match):
+        call(q, k_cache, v_cache)
+    assert torch.equal(k_cache, before)  # nothing was appended
+
+
+# ----- GPU: real sizes, CUDA graphs ----------------------------------------------------------------
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(("batch", "seqlen_k"), [(1, 131072), (4, 32768), (64, 4096)])
+def test_gpu_real_sizes_against_the_reference(batch, seqlen_k):
+    heads, kv_heads, dim = 32, 8, 128
+    q = randn(batch, 1, heads, dim, dtype=torch.bfloat16, seed=1)
+    k = randn(batch, seqlen_k, kv_heads, dim, dtype=torch.bfloat16, seed=2)
+    v = randn(batch, seqlen_k, kv_heads, dim, dtype=torch.bfloat16, seed=3)
+    out, lse = attnlab.flash_attn_with_kvcache(q, k, v, causal=True, return_softmax_lse=True)
+    rows = range(batch) if batch <= 4 else (0, batch - 1)
+    for b in rows:  # the float64 oracle on the CPU, one sequence at a time
+        assert check_accuracy(out[b:b + 1].cpu(), lse[b:b + 1].cpu(), q[b:b + 1].cpu(),
+                              k[b:b + 1].cpu(), v[b:b + 1].cpu(), causal=True, layout="bshd").passed
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_gpu_paged_equals_contiguous_and_splits_agree(page_size):
+    batch, heads, kv_heads, dim, capacity = 8, 32, 8, 128, 8192
+    q = randn(batch, 4, heads, dim, dtype=torch.bfloat16, seed=4)
+    k_cache = randn(batch, capacity, kv_heads, dim, dtype=torch.bfloat16, seed=5)
+    v_cache = randn(batch, capacity, kv_heads, dim, dtype=torch.bfloat16, seed=6)
+    lengths = torch.randint(1, capacity, (batch,), generator=torch.Generator().manual_seed(0),
+                            dtype=torch.int32).to(DEVICE)
+    k_pages, table = paged_copy(k_cache, page_size)
+    v_pages, _ = paged_copy(v_cache, page_size)
+    results = []
+    for splits in (1, 7, 0):
+        results.append(attnlab.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table,
+                                                       cache_seqlens=lengths, causal=True,
+                                                       num_splits=splits, return_softmax_lse=True))
+    contiguous = attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                                 causal=True, num_splits=0, return_softmax_lse=True)
+    assert torch.equal(contiguous[0], results[2][0])
+    for out, lse in results[:2]:
+        torch.testing.assert_close(out.float(), results[2][0].float(), atol=2e-2, rtol=0)
+        torch.testing.assert_close(lse, results[2][1], atol=1e-4, rtol=0)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cuda_graph_capture_appends_and_attends():
+    batch, heads, kv_heads, dim, capacity = 4, 32, 8, 128, 4096
+    q = randn(batch, 1, heads, dim, dtype=torch.bfloat16, seed=7)
+    k_new, v_new = randn(batch, 1, kv_heads, dim, dtype=torch.bfloat16, seed=8), \
+        randn(batch, 1, kv_heads, dim, dtype=torch.bfloat16, seed=9)
+    k_cache = randn(batch, capacity, kv_heads, dim, dtype=torch.bfloat16, seed=10)
+    v_cache = randn(batch, capacity, kv_heads, dim, dtype=torch.bfloat16, seed=11)
+    lengths = torch.tensor([100, 2000, 4000, 1], dtype=torch.int32, device=DEVICE)
+    k_eager, v_eager = k_cache.clone(), v_cache.clone()
+    eager = attnlab.flash_attn_with_kvcache(q, k_eager, v_eager, k_new, v_new, cache_seqlens=lengths,
+                                            causal=True, max_seqlen_k=capacity)
+
+    def step():
+        return attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                               cache_seqlens=lengths, causal=True, max_seqlen_k=capacity)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up (compiles); writes the same rows the graph will
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)

@@ -1,0 +1,100 @@
+"""`attnlab demo` leaves engineer-grade artefacts: plots, the records' CSV, an index page.
+
+The demo runs once for the module (it is the README's first command, so it must stay
+fast on a 2-core CPU with no GPU); the checks read what it wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import re
+import struct
+import time
+
+import pytest
+
+from attnlab.cli import main as cli_main
+from attnlab.commands import demo
+from attnlab.measure import plots
+from attnlab.measure.records import committed_results, load_records
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "attnlab-demo"
+    buffer = io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(buffer):
+        code = cli_main(["demo", "--out", str(out), "--json"])
+    elapsed = time.perf_counter() - start
+    return {"out": out, "code": code, "stdout": buffer.getvalue(), "seconds": elapsed}
+
+
+def test_demo_prints_one_json_document(demo_run):
+    assert demo_run["code"] == 0
+    summary = json.loads(demo_run["stdout"])  # nothing but the document on stdout
+    assert summary["out"] == str(demo_run["out"].resolve())
+    assert summary["records"]["source"] == str(committed_results())  # no GPU here
+    assert set(summary["headlines"]) >= {"prefill", "decode"}
+    assert summary["headlines"]["prefill"]["sentence"].startswith("At 4k tokens, attnlab takes")
+    listed = {entry["path"] for entry in summary["files"]}
+    on_disk = {p.relative_to(demo_run["out"]).as_posix()
+               for p in demo_run["out"].rglob("*") if p.is_file()}
+    assert listed == on_disk
+
+
+def test_demo_stays_fast(demo_run):
+    # The README's first command: well under a minute on CI's 2 cores (here: the whole demo).
+    assert demo_run["seconds"] < 60
+
+
+def test_demo_plots_every_committed_workload_at_readme_width(demo_run):
+    records = load_records(committed_results())
+    expected = {f"{plots.family_slug(f)}_{kind}.png" for f in plots.workload_families(records)
+                for kind in ("latency", "throughput")} | {"forward_tflops.png"}
+    written = {p.name for p in (demo_run["out"] / demo.PLOTS_FOLDER).glob("*.png")}
+    assert written == expected
+    for name in written:
+        data = (demo_run["out"] / demo.PLOTS_FOLDER / name).read_bytes()
+        width, _ = struct.unpack(">II", data[16:24])
+        assert 800 <= width <= 1200
+
+
+def test_demo_csv_holds_every_record(demo_run):
+    records = load_records(committed_results())
+    with (demo_run["out"] / demo.CSV_NAME).open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == len(records)
+    assert {(r["provider"], r["phase"]) for r in rows} == \
+        {(r["provider"], r["phase"]) for r in records}
+
+
+def test_demo_index_links_everything_it_wrote(demo_run):
+    index = (demo_run["out"] / demo.INDEX_NAME).read_text()
+    links = set(re.findall(r'<a href="([^"]+)"', index))
+    files = {p.relative_to(demo_run["out"]).as_posix() for p in demo_run["out"].rglob("*")
+             if p.is_file() and p.name != demo.INDEX_NAME}
+    assert files <= links
+    assert "explain.html" in files and "report/report.html" in files
+    assert index.count("<img ") == len(list((demo_run["out"] / demo.PLOTS_FOLDER).glob("*.png")))
+
+
+def test_demo_tables_fit_the_terminal(demo_run, monkeypatch, capsys):
+    summary = json.loads(demo_run["stdout"])
+    monkeypatch.setenv("COLUMNS", "80")
+    demo.print_summary(summary)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and max(len(line) for line in lines) <= 80
+    monkeypatch.setenv("COLUMNS", "300")
+    assert demo.table_width() == demo.MAX_TABLE_WIDTH
+
+
+def test_demo_refuses_an_unusable_out(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert cli_main(["demo", "--out", str(blocker / "below")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,206 @@
+"""The Gluon sm_90 forward kernel: refusals and sm_90 code on the CPU, accuracy on a Hopper GPU.
+
+The kernel cannot run in Triton's interpreter (Gluon's TMA, mbarriers and wgmma have no
+interpreter path), so the CPU tests check what ``supports`` refuses and, by compiling for
+sm_90a without a GPU, that the code has the roles and the overlap the source claims.
+The GPU tests repeat tests/test_forward.py's grid on the covered head dims and masks.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from attention_inputs import make_qkv as shared_make_qkv
+from attnlab.accuracy import check_accuracy
+from attnlab.kernels.forward_sm90 import (
+    BUILT_FOR_TRITON,
+    DEFAULT_CONFIGS,
+    Sm90Config,
+    flash_forward_sm90,
+    refusal,
+    supports,
+)
+
+on_sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not on_sm90, reason="needs an sm_90 (Hopper) GPU")
+built_here = pytest.mark.skipif(triton.__version__ not in BUILT_FOR_TRITON,
+                                reason=f"the kernel is built for Triton {BUILT_FOR_TRITON}")
+
+SEQLEN_PAIRS = [(1, 1), (1, 239), (3, 799), (113, 203), (128, 217), (108, 256), (1023, 1024)]
+SEQLEN_PAIRS += [(b, a) for a, b in SEQLEN_PAIRS if a != b]
+HEAD_DIMS = [64, 128, 256]
+HEADS = [(2, 2), (6, 2), (3, 1)]  # MHA, GQA 3:1, MQA
+
+ALLOWED = dict(capability=(9, 0), triton_version=BUILT_FOR_TRITON[0], dtype=torch.bfloat16,
+               head_dim=128, window=(-1, -1), softcap=0.0, aligned=True)
+
+
+# ----- refusals (CPU) ---------------------------------------------------------------------
+
+def test_the_covered_call_is_accepted():
+    assert refusal(**ALLOWED) is None
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"capability": None}, "sm_90"),
+    ({"capability": (8, 0)}, "sm_80"),
+    ({"capability": (10, 0)}, "sm_100"),
+    ({"triton_version": "3.5.1"}, "3.5.1"),
+    ({"dtype": torch.float32}, "dtype"),
+    ({"head_dim": 96}, "head_dim"),
+    ({"head_dim": 32}, "head_dim"),
+    ({"window": (19, 7)}, "window"),
+    ({"softcap": 30.0}, "softcap"),
+    ({"aligned": False}, "16-byte"),
+    ({"head_dim": 256, "config": Sm90Config(block_n=128, stages=2)}, "shared memory"),
+])
+def test_refusals_name_their_reason(change, words):
+    reason = refusal(**{**ALLOWED, **change})
+    assert reason is not None and words in reason
+
+
+def test_supports_refuses_cpu_tensors_without_raising():
+    q = torch.randn(1, 16, 2, 128, dtype=torch.bfloat16)
+    ok, reason = supports(q, q, q, causal=True, window=(-1, -1), softcap=0.0)
+    assert not ok and "sm_90" in reason
+    ok, reason = supports(q, q, q, causal=False, window=(4, 4), softcap=0.0)
+    assert not ok and reason
+
+
+def test_launcher_refuses_with_a_value_error():
+    q = torch.randn(1, 16, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="cannot run this call"):
+        flash_forward_sm90(q, q, q, layout="bshd", scale=0.125, causal=False)
+    with pytest.raises(ValueError, match="layout"):
+        flash_forward_sm90(q, q, q, layout="sbhd", scale=0.125, causal=False)
+
+
+@pytest.mark.parametrize("fields", [dict(block_n=176, stages=2), dict(block_n=128, stages=4),
+                                    dict(block_n=128, stages=2, producer_regs=20)])
+def test_configs_outside_the_compiled_space_are_rejected(fields):
+    with pytest.raises(ValueError):
+        Sm90Config(**fields)
+
+
+# ----- sm_90 code without a GPU (CPU, ~5 s) -----------------------------------------------
+
+@built_here
+def test_compiles_for_sm90_with_roles_and_overlap():
+    # Gluon does not compile under TRITON_INTERPRET=1 (its reductions become interpreter
+    # functions), so the compile runs in a fresh process without it.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                         env.get("PYTHONPATH", "")])
+    script = ("import json; from attnlab.kernels.forward_sm90 import *; "
+              "k = compile_for_sm90(128, DEFAULT_CONFIGS[128], causal=True); "
+              "print(json.dumps(overlap_evidence(k.asm)))")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    evidence = json.loads(done.stdout.strip().splitlines()[-1])
+    # The producer gives registers back, the consumers take them (setmaxnreg per role).
+    assert ["dec", "24"] in evidence["setmaxnreg"] and ["inc", "240"] in evidence["setmaxnreg"]
+    # S_j is waited for while P_{j-1} V_{j-1} stays in flight, in both loop stages ...
+    assert evidence["wait_group_1"] == 2
+    if "ex2_between_waits" not in evidence:
+        pytest.skip("no cuobjdump to read the SASS")
+    # ... and ptxas left the exponentials between the two waits (the overlap itself).
+    assert len(evidence["ex2_between_waits"]) == 2
+    assert min(evidence["ex2_between_waits"]) >= DEFAULT_CONFIGS[128].block_n // 2
+    assert evidence["local_memory_ops"] == 0, "register spills"
+
+
+# ----- accuracy on the GPU ----------------------------------------------------------------
+
+# The shared maker on the GPU (these tests run only there).
+make_qkv = functools.partial(shared_make_qkv, device="cuda")
+
+
+def run_and_check(q, k, v, *, layout, causal, config=None):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = flash_forward_sm90(q, k, v, layout=layout, scale=scale, causal=causal,
+                                  config=config)
+    result = check_accuracy(out, lse, q, k, v, causal=causal, scale=scale, layout=layout)
+    assert result.passed, result
+    return out, lse
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_accuracy_grid(dtype, head_dim, causal):
+    for i, ((seqlen_q, seqlen_k), heads) in enumerate(itertools.product(SEQLEN_PAIRS, HEADS)):
+        layout = ("bshd", "bhsd")[i % 2]
+        q, k, v = make_qkv(2, *heads, seqlen_q, seqlen_k, head_dim, dtype, layout=layout, seed=i)
+        run_and_check(q, k, v, layout=layout, causal=causal)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize(("block_n", "stages"), [(64, 2), (64, 3), (128, 2), (128, 3)])
+def test_gpu_every_config_that_fits(head_dim, block_n, stages):
+    config = Sm90Config(block_n=block_n, stages=stages)
+    q, k, v = make_qkv(2, 6, 2, 1000, 1337, head_dim, torch.bfloat16, layout="bshd", seed=head_dim)
+    if not supports(q, k, v, causal=True, config=config)[0]:
+        pytest.skip(supports(q, k, v, causal=True, config=config)[1])
+    for causal in (False, True):
+        run_and_check(q, k, v, layout="bshd", causal=causal, config=config)
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_causal_rows_without_keys_give_zero_and_minus_inf():
+    q, k, v = make_qkv(1, 2, 2, 300, 40, 128, torch.bfloat16, layout="bhsd", seed=3)
+    out, lse = run_and_check(q, k, v, layout="bhsd", causal=True)
+    hidden = 300 - 40  # bottom-right: query i sees key j iff j <= i - 260
+    assert torch.all(out[:, :, :hidden] == 0)
+    assert torch.all(torch.isneginf(lse[:, :, :hidden]))
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_is_bit_identical_across_runs_and_ignores_other_sequences():
+    q, k, v = make_qkv(3, 4, 4, 777, 777, 64, torch.float16, layout="bshd", seed=5)
+    first, _ = run_and_check(q, k, v, layout="bshd", causal=True)
+    again, _ = flash_forward_sm90(q, k, v, layout="bshd", scale=0.125, causal=True)
+    assert torch.equal(first, again)
+    # TMA bounds are per sequence: batch 0 alone gives the same bits as inside the batch.
+    alone, _ = flash_forward_sm90(q[:1].contiguous(), k[:1].contiguous(), v[:1].contiguous(),
+                                  layout="bshd", scale=0.125, causal=True)
+    assert torch.equal(first[:1], alone)
+
+
+def test_dispatch_table_holds_only_measured_winners():
+    """The committed table (bench/sm90_dispatch_table.py's output) parses into valid
+    configs, each entry a bucket where the Gluon kernel measured faster than Triton."""
+    import json
+    from importlib.resources import files
+
+    from attnlab.kernels.forward_sm90 import _dispatch_table
+
+    entries = json.loads(files("attnlab.kernels").joinpath("sm90_dispatch.json").read_text())["entries"]
+    assert entries and all(e["sm90_vs_triton"] > 1.0 for e in entries)
+    assert set(_dispatch_table()) == {(e["head_dim"], e["causal"], e["bucket"]) for e in entries}
+
+
+def test_cpu_tensors_never_dispatch_to_gluon():
+    from attnlab.kernels.forward import _gluon_sm90_choice
+
+    q = torch.zeros(1, 4096, 24, 256, dtype=torch.bfloat16)
+    k = torch.zeros(1, 4096, 4, 256, dtype=torch.bfloat16)
+    assert _gluon_sm90_choice(q, k, k, layout="bshd", causal=True, window=(-1, -1),
+                              softcap=0.0) is None
