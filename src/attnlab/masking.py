@@ -116,12 +116,18 @@ class KeyBand:
         return total
 
 
+def effective_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
+    """(left, right) window sizes after the causal clamp (-1 = unbounded): flash-attn's
+    causal with a window is that window with right = 0.  The kernels' launchers and
+    :func:`visible_band` take the clamp from here."""
+    left, right = window
+    return (left, 0) if causal else (left, right)
+
+
 def visible_band(seqlen_q: int, seqlen_k: int, *, causal: bool = False,
                  window: tuple[int, int] = (-1, -1)) -> KeyBand:
     """The one definition of which keys a query row may see (flash-attn's semantics)."""
-    left, right = window
-    if causal:
-        right = 0  # flash-attn: causal with a window is the window with right = 0
+    left, right = effective_window(causal, window)
     offset = seqlen_k - seqlen_q  # bottom-right alignment of the last query with the last key
     return KeyBand(
         seqlen_q=seqlen_q,

@@ -45,6 +45,7 @@ from attnlab.kernels._primitives import (
     kernel_is_interpreted,
 )
 from attnlab.kernels.configs import BackwardConfig, backward_config, head_dim_padded
+from attnlab.masking import effective_window
 from attnlab.shapes import AttentionShape
 
 
@@ -495,9 +496,7 @@ def flash_backward(
     # LSE and D: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
     stat_strides = (0, lse.stride(0)) if layout == "thd" else (lse.stride(0), lse.stride(1))
 
-    window_left, window_right = window
-    if causal:
-        window_right = 0 if window_right < 0 else min(window_right, 0)
+    window_left, window_right = effective_window(causal, window)
     has_left, has_right = window_left >= 0, window_right >= 0
     head_dim_pad = head_dim_padded(head_dim)
     interpreted = kernel_is_interpreted()

@@ -48,6 +48,7 @@ from attnlab.kernels._primitives import (
     kernel_is_interpreted,
 )
 from attnlab.kernels.configs import DecodeConfig, decode_config, head_dim_padded
+from attnlab.masking import effective_window
 
 
 @triton.jit
@@ -466,9 +467,7 @@ def flash_decode(
     else:
         o_part = lse_part = lse  # never touched: WRITE_PARTIAL is off
 
-    window_left, window_right = window
-    if causal:
-        window_right = 0 if window_right < 0 else min(window_right, 0)
+    window_left, window_right = effective_window(causal, window)
     unused = lse  # a valid pointer for arguments a constexpr switch turns off
     grid = (batch * num_kv_heads, num_splits, row_blocks)
     _split_kv_decode[grid](

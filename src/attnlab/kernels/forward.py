@@ -42,6 +42,7 @@ from attnlab.kernels.configs import (
     forward_config,
     head_dim_padded,
 )
+from attnlab.masking import effective_window
 from attnlab.shapes import AttentionShape
 
 
@@ -302,9 +303,7 @@ def flash_forward(
         lse.fill_(float("-inf"))
         return out.zero_(), lse
 
-    window_left, window_right = window
-    if causal:
-        window_right = 0 if window_right < 0 else min(window_right, 0)
+    window_left, window_right = effective_window(causal, window)
     has_left, has_right = window_left >= 0, window_right >= 0
     head_dim_pad = head_dim_padded(head_dim)
     if config is None:
