@@ -103,7 +103,12 @@ def _phases(records: list[dict]) -> list[str]:
 # ----- latency and throughput per phase --------------------------------------------------------
 def phase_block(records: list[dict], phase: str, colours: dict[str, str]) -> dict:
     """One phase: a chart per workload family, the default one's headline first."""
-    families = plots.workload_families(records, phase)
+    # Newest measurement first: the headline must describe today's kernels, not rows a
+    # later kernel superseded (the 2026-11-29 decode rows timed the prefill kernel before
+    # Flash-Decoding existed).  The sort is stable: same-run families keep their order.
+    families = sorted(plots.workload_families(records, phase),
+                      key=lambda f: max(r.get("timestamp") or "" for r in f["records"]),
+                      reverse=True)
     charts = [family_chart(f, colours, plots.ceilings(records, f["gpu"])) for f in families]
     return {
         "phase": phase,
