@@ -219,13 +219,24 @@ def family_slug(family: dict) -> str:
             f"_{s['dtype']}_{mask}{extra}")
 
 
+# The device-to-device copy a decode benchmark times beside its points (bench/decode_h200.py):
+# the bandwidth ceiling of that same run, used where no "ceiling" record exists.
+COPY_PROVIDER = "device_copy"
+
+
 def ceilings(records: Iterable[dict], gpu: str) -> dict[str, tuple[float, str]]:
     """{"tflops"|"tbps": (value, label)}: measured on ``gpu`` if recorded, else datasheet."""
     found: dict[str, tuple[float, str]] = {}
+    copies: list[float] = []
     for record in records:
-        if record["provider"] == CEILING_PROVIDER and record["gpu"] == gpu and \
-                record["metric"] in ("tflops", "tbps"):
+        if record["gpu"] != gpu:
+            continue
+        if record["provider"] == CEILING_PROVIDER and record["metric"] in ("tflops", "tbps"):
             found[record["metric"]] = (record["p50"], f"measured: {record['kernel']}")
+        elif record["provider"] == COPY_PROVIDER and record.get("tbps"):
+            copies.append(record["tbps"])  # bench/decode_h200.py's copy, timed in its run
+    if "tbps" not in found and copies:
+        found["tbps"] = (max(copies), "measured: device copy (read + written)")
     if len(found) < 2:
         from attnlab.model.hardware import gpu as datasheet
 
