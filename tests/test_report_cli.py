@@ -163,7 +163,6 @@ def test_argparse_errors_exit_2(capsys):
 def test_demo_section(tmp_path, capsys):
     from attnlab.commands import report as report_command
 
-    assert report_command.DEMO_ORDER == 30
     report_command.demo(tmp_path)
     out = capsys.readouterr().out
     assert "212.67 ms" in out and "302.67 ms" in out and "126.67 ms" in out

@@ -16,7 +16,6 @@ from rich.table import Table
 
 from attnlab.cli_support import prepare_out_dir
 
-DEMO_ORDER = 40
 DEFAULT_OUT = Path("attnlab-explain")
 
 

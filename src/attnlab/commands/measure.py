@@ -24,8 +24,6 @@ from pathlib import Path
 
 from attnlab.cli_support import new_console, parse_int_list, parse_window, prepare_out_dir
 
-DEMO_ORDER = 50
-
 DEFAULT_RESULTS = Path("bench") / "results"
 DEFAULT_BENCH_FILE = DEFAULT_RESULTS / "bench.jsonl"
 DEFAULT_NCU_DIR = DEFAULT_RESULTS / "ncu"

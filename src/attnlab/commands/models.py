@@ -33,8 +33,6 @@ from attnlab.report.models import (
     traffic_report,
 )
 
-DEMO_ORDER = 20
-
 DEFAULT_PRESET = "lesson-8b"
 DEFAULT_SEQLEN = "4096"
 DEFAULT_GPU = "H100 SXM"  # the lesson's ridge-point example

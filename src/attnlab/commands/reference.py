@@ -26,8 +26,6 @@ from attnlab.cli_support import (
 )
 from attnlab.report.algorithm import tiles_report, trace_report, verify_report
 
-DEMO_ORDER = 10
-
 # The lesson's two-tile trace (§3.2, exercise 2): one query row, d = 2.
 LESSON_SCORES = "8,6,10,7"
 LESSON_VALUES = "1,2;3,4;5,6;7,8"

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from attnlab.cli_support import new_console, prepare_out_dir
 
-DEMO_ORDER = 30
 DEMO_FOLDER = "report"
 
 

@@ -60,6 +60,7 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from attnlab.api import _check_tensors, _resolve_impl, merge_states
+from attnlab.checks import check_bool
 from attnlab.reference.inputs import accumulation_dtype, resolve_scale
 
 LAYOUT = "bshd"
@@ -357,8 +358,7 @@ def _prepare(q, k, v, *, causal, softmax_scale, group, impl):
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("ring attention needs an initialised torch.distributed process group "
                            "(launch with torchrun and call torch.distributed.init_process_group)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    causal = check_bool("causal", causal)
     _, _, _, seqlen_q, seqlen_k, head_dim = _check_tensors(q, k, v, LAYOUT)
     if seqlen_q != seqlen_k:
         raise ValueError(f"q and k/v shards must have the same local seqlen (each rank holds "
@@ -459,8 +459,7 @@ def shard_sequence(x: torch.Tensor, *, causal: bool, group=None, seq_dim: int = 
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    causal = check_bool("causal", causal)
     rank, world_size = _group_position(group)
     ranges = shard_ranges(x.shape[seq_dim], world_size=world_size, rank=rank, causal=causal)
     return torch.cat([x.narrow(seq_dim, r.start, len(r)) for r in ranges], dim=seq_dim)
@@ -471,8 +470,7 @@ def unshard_sequence(x_local: torch.Tensor, *, causal: bool, group=None,
     """The full sequence from every rank's shard (an ``all_gather``; not differentiable)."""
     if not isinstance(x_local, torch.Tensor):
         raise TypeError(f"x_local must be a torch.Tensor, got {type(x_local).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    causal = check_bool("causal", causal)
     _, world_size = _group_position(group)
     shards = [torch.empty_like(x_local) for _ in range(world_size)]
     dist.all_gather(shards, x_local.contiguous(), group=group)
