@@ -157,6 +157,14 @@ def _run(q, k, v, *, layout: str, scale, causal: bool, window: tuple[int, int],
     return out, lse
 
 
+def _refuse_unsupported(*, dropout_p=0.0, alibi_slopes=None) -> None:
+    """flash-attn arguments attnlab has no kernel for: refused, never ignored."""
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"dropout_p must be 0.0: attnlab has no dropout (got {dropout_p})")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes must be None: attnlab does not support ALiBi")
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     deterministic=False, return_attn_probs=False, *, impl="auto"):
@@ -168,10 +176,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Differentiable in q, k, v.  attnlab's backward never uses atomics, so it is
     bit-identical run to run whether or not ``deterministic=True``.
     """
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"dropout_p must be 0.0: attnlab has no dropout (got {dropout_p})")
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes must be None: attnlab does not support ALiBi")
+    _refuse_unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
     causal = check_bool("causal", causal)
     return_attn_probs = check_bool("return_attn_probs", return_attn_probs)
     window, softcap = _check_options(window_size, softcap)
@@ -494,8 +499,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         positions_from,
     )
 
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes must be None: attnlab does not support ALiBi")
+    _refuse_unsupported(alibi_slopes=alibi_slopes)
     causal = check_bool("causal", causal)
     rotary_interleaved = check_bool("rotary_interleaved", rotary_interleaved)
     return_softmax_lse = check_bool("return_softmax_lse", return_softmax_lse)
@@ -726,10 +730,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise NotImplementedError(
             "block_table must be None: attnlab's varlen call takes contiguous packed k/v, "
             "not a paged KV cache")
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"dropout_p must be 0.0: attnlab has no dropout (got {dropout_p})")
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes must be None: attnlab does not support ALiBi")
+    _refuse_unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
     return_attn_probs = check_bool("return_attn_probs", return_attn_probs)
