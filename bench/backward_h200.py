@@ -1,16 +1,23 @@
 """Backward kernels on the H200: correctness, a small tile sweep, forward+backward timings.
 
     PYTHONPATH=src python3 bench/backward_h200.py --out $OUT [--quick]
-        [--phases correct,tune,bench] [--tune-heads 64,128,256] [--flex all|default|none]
+        [--phases edge,profile,correct,tune,bench] [--tune-heads 64,128,256]
+        [--flex all|default|none]
+
+0. ``edge`` (only when asked): dQ/dK/dV error against float64 of attnlab (each
+   ``dq_mode``) and SDPA's backends on the tiny lengths with inputs x5;
+   ``profile`` (only when asked): host time per call, event-timed call, CUDA-graph
+   replay and per-kernel time of attnlab's forward+backward at N = 1k and 4k.
 
 1. correctness: dQ, dK, dV against float64 autograd by the gradient rule
    (``attnlab.accuracy.check_gradients``) on a compact grid (every head dim of issue
    #12, fp16 and bf16, masks, GQA, ragged lengths), plus bit-identical repeats;
    written to ``backward_correctness.jsonl``; a failing case is recorded and the run
    goes on.
-2. tune: BackwardConfig candidates for the backward alone at N = 4k, per (head dim,
-   masked); dK/dV tiles first with the dQ tiles fixed, then dQ tiles with the best
-   dK/dV; the fastest accurate one per (head_dim_pad, masked, length bucket) as JSON
+2. tune: BackwardConfig candidates for the backward alone at N = 4k (or
+   ``--tune-seqlens``), per (head dim, masked); dK/dV tiles first, with and without
+   dQ added by the dK/dV kernel (``dq_mode``), the dQ tiles fixed; then, when the separate dQ kernel won,
+   its tiles with the best dK/dV; the fastest accurate one per (head_dim_pad, masked, length bucket) as JSON
    lines in ``backward_tuning.jsonl`` (``"what": "backward_config_winner"``) and as
    ``BACKWARD_TUNED`` lines for ``attnlab/kernels/configs.py``.
 3. bench: forward + backward (phase ``fwdbwd``), bf16, causal and not, d = 128 and 64
@@ -138,12 +145,14 @@ TUNE_SHAPES = {  # head_dim -> (query_heads, kv_heads): the benchmark's layers a
 }
 
 
-def dkdv_candidates(head_dim: int) -> list[tuple[int, int, int, int]]:
-    """(dkdv_block_m, dkdv_block_n, num_warps, num_stages)."""
+def dkdv_candidates(head_dim: int) -> list[tuple[int, int, int, int, str]]:
+    """(dkdv_block_m, dkdv_block_n, num_warps, num_stages, dq_mode)."""
     if head_dim >= 256:
-        return [(32, 64, 8, 1), (64, 64, 8, 1), (32, 64, 4, 2), (64, 32, 4, 2), (16, 64, 4, 2)]
-    return [(64, 128, 8, 2), (32, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 2),
-            (128, 128, 8, 2)]
+        return [(32, 64, 8, 1, "kernel"), (64, 64, 8, 1, "kernel"), (32, 64, 4, 2, "kernel"),
+                (32, 64, 8, 1, "tma"), (32, 64, 8, 2, "tma"), (64, 64, 8, 1, "tma")]
+    return [(64, 128, 8, 3, "kernel"), (32, 128, 4, 3, "kernel"), (64, 128, 8, 3, "tma"),
+            (64, 128, 8, 2, "tma"), (32, 128, 8, 3, "tma"), (64, 64, 4, 3, "tma"),
+            (64, 128, 8, 2, "atomic")]
 
 
 def dq_candidates(head_dim: int) -> list[tuple[int, int]]:
@@ -172,12 +181,12 @@ def accurate(config: BackwardConfig, head_dim: int, causal: bool) -> bool:
                                                  scale=1.0 / math.sqrt(head_dim), causal=causal))
 
 
-def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float) -> dict:
+def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float,
+               seqlens: list[int]) -> dict:
     path = os.path.join(out_dir, "backward_tuning.jsonl")
     started = time.time()
     winners: dict[tuple[int, bool, int], BackwardConfig] = {}
-    seqlen = 4096
-    for head_dim, causal in itertools.product(head_dims, (True, False)):
+    for seqlen, head_dim, causal in itertools.product(seqlens, head_dims, (True, False)):
         if time.time() - started > budget_s:
             print("tune: time budget spent", flush=True)
             break
@@ -207,15 +216,15 @@ def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float) -
                 row.update(error=f"{type(error).__name__}: {str(error)[:300]}")
             log_line(path, row)
 
-        for block_m, block_n, warps, stages in dkdv_candidates(head_dim):
+        for block_m, block_n, warps, stages, dq_mode in dkdv_candidates(head_dim):
             if time.time() - started > budget_s:
                 break
             try_config(BackwardConfig(block_m, block_n, base.dq_block_m, base.dq_block_n,
-                                      warps, stages), "dkdv")
+                                      warps, stages, dq_mode), "dkdv")
         if not scored:
             continue
         best = min(scored)[1]
-        for block_m, block_n in dq_candidates(head_dim):
+        for block_m, block_n in (dq_candidates(head_dim) if best.dq_mode == "kernel" else []):
             if time.time() - started > budget_s:
                 break
             candidate = BackwardConfig(best.dkdv_block_m, best.dkdv_block_n, block_m, block_n,
@@ -234,7 +243,8 @@ def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float) -
         print("\nBACKWARD_TUNED = {")
         for (d, m, b), c in sorted(winners.items()):
             print(f"    ({d}, {m}, {b}): BackwardConfig({c.dkdv_block_m}, {c.dkdv_block_n}, "
-                  f"{c.dq_block_m}, {c.dq_block_n}, {c.num_warps}, {c.num_stages}),")
+                  f"{c.dq_block_m}, {c.dq_block_n}, {c.num_warps}, {c.num_stages}, "
+                  f"dq_mode={c.dq_mode!r}),")
         print("}")
     return winners
 
@@ -372,6 +382,106 @@ def print_table(table) -> None:
               f"{ours / row.get('flex', (nan, 0))[0]:7.2f}x")
 
 
+# ---------------------------------------------------------------------------
+PROFILE_SHAPES = [(128, 1024, True), (128, 1024, False), (128, 4096, True), (64, 1024, True)]
+
+
+def phase_profile(out_dir: str, env: dict) -> None:
+    """Where one forward+backward call's time goes: host time per call (launches only,
+    no sync), the event-timed call, the CUDA-graph replay, and the profiler's kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    path = os.path.join(out_dir, "backward_profile.jsonl")
+    for head_dim, seqlen, causal in PROFILE_SHAPES:
+        shape = AttentionShape(batch=16384 // seqlen, query_heads=16, kv_heads=16,
+                               seqlen_q=seqlen, seqlen_k=seqlen, head_dim=head_dim,
+                               dtype="bf16", causal=causal)
+        prepared = prepare(provider("attnlab"), shape, "fwdbwd", "cuda")
+        inputs = prepared.inputs()
+        call = prepared.call
+        for _ in range(3):
+            call(*inputs)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            call(*inputs)
+        host_ms = (time.perf_counter() - t0) / 20 * 1e3
+        torch.cuda.synchronize()
+        events = time_call(call, [inputs], device="cuda", warmup=2, target_ms=100,
+                           cuda_graph=False).p50
+        try:
+            graph = time_call(call, [inputs], device="cuda", warmup=2, target_ms=100,
+                              cuda_graph=True).p50
+        except Exception as error:  # noqa: BLE001 - say why, keep the other numbers
+            graph = f"{type(error).__name__}: {str(error)[:200]}"
+        with profile(activities=[ProfilerActivity.CUDA]) as trace:
+            call(*inputs)
+            torch.cuda.synchronize()
+        kernels: dict[str, float] = {}
+        for event in trace.events():
+            if event.device_type.name == "CUDA":
+                name = event.name.split("(")[0][:48]
+                kernels[name] = kernels.get(name, 0.0) + event.device_time / 1e3
+        row = {"what": "fwdbwd_profile", "shape": shape.as_dict(), "host_ms": host_ms,
+               "event_ms": events, "graph_ms": graph, "kernels_ms": kernels, **env}
+        log_line(path, row)
+        print(f"profile {shape.describe()}: host {host_ms:.3f} ms/call, events {events:.3f}, "
+              f"graph {graph if isinstance(graph, str) else f'{graph:.3f}'}; kernels "
+              + ", ".join(f"{n}={t:.3f}" for n, t in sorted(kernels.items(), key=lambda x: -x[1])),
+              flush=True)
+
+
+def phase_edge(out_dir: str, env: dict) -> None:
+    """Gradient error against float64 of attnlab and of SDPA's backends on the tiny
+    lengths with inputs x5 (the test's cases), beside the test's yardstick."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attnlab.accuracy import reference_gradients
+
+    path = os.path.join(out_dir, "backward_edge.jsonl")
+    backends = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+                "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+    for seqlens in ((1, 1), (1, 239), (239, 1)):
+        gen = torch.Generator().manual_seed(sum(seqlens))
+
+        def rand(h, n):
+            return (5.0 * torch.randn(1, n, h, 64, generator=gen)).to(torch.bfloat16).cuda()
+
+        q, k, v, dout = rand(2, seqlens[0]), rand(1, seqlens[1]), rand(1, seqlens[1]), \
+            rand(2, seqlens[0])
+        bhsd = [t.transpose(1, 2) for t in (q, k, v, dout)]
+        oracle = reference_gradients(*bhsd)
+        yard = reference_gradients(*bhsd, dtype=torch.bfloat16)
+        errors = {"yardstick_bf16_math": [(a.double() - b).abs().max().item()
+                                         for a, b in zip(yard, oracle, strict=True)]}
+        for mode in ("kernel", "atomic", "tma"):
+            base = backward_config(AttentionShape(batch=1, query_heads=2, kv_heads=1,
+                                                  seqlen_q=seqlens[0], seqlen_k=seqlens[1],
+                                                  head_dim=64))
+            try:
+                grads = gradients(q, k, v, dout,
+                                  config=BackwardConfig(**{**base.as_dict(), "dq_mode": mode}))
+                errors[f"attnlab_{mode}"] = [(g.transpose(1, 2).double() - o).abs().max().item()
+                                             for g, o in zip(grads, oracle, strict=True)]
+            except Exception as error:  # noqa: BLE001
+                errors[f"attnlab_{mode}"] = f"{type(error).__name__}: {str(error)[:200]}"
+        for name, backend in backends.items():
+            leaves = [t.detach().clone().requires_grad_() for t in bhsd[:3]]
+            try:
+                with sdpa_kernel(backend):
+                    out = F.scaled_dot_product_attention(*leaves, enable_gqa=True)
+                grads = torch.autograd.grad(out, leaves, bhsd[3])
+                errors[name] = [(g.double() - o).abs().max().item() for g, o in zip(grads, oracle, strict=True)]
+            except Exception as error:  # noqa: BLE001 - a backend that refuses the shape
+                errors[name] = f"{type(error).__name__}: {str(error)[:120]}"
+        log_line(path, {"what": "backward_edge_errors", "seqlens": seqlens,
+                        "errors_dq_dk_dv": errors, **env})
+        print(f"edge {seqlens}: " + "; ".join(
+            f"{n}=" + (",".join(f"{e:.3f}" for e in errs) if isinstance(errs, list) else errs)
+            for n, errs in errors.items()), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -381,6 +491,8 @@ def main() -> int:
     parser.add_argument("--tune-heads", default="128,64,256",
                         help="head dims to tune, in order, while the tune budget lasts")
     parser.add_argument("--correct-budget", type=float, default=45.0)
+    parser.add_argument("--tune-seqlens", default="4096",
+                        help="sequence lengths to tune (one length bucket each), in order")
     parser.add_argument("--tune-budget", type=float, default=90.0)
     parser.add_argument("--bench-budget", type=float, default=150.0)
     parser.add_argument("--flex", choices=("default", "all", "none"), default="default")
@@ -394,11 +506,15 @@ def main() -> int:
     print(json.dumps(env), flush=True)
     started = time.time()
 
+    if "edge" in phases:
+        phase_edge(args.out, env)
+    if "profile" in phases:
+        phase_profile(args.out, env)
     failures = phase_correct(args.out, env, args.quick, args.correct_budget) \
         if "correct" in phases else 0
     if "tune" in phases:
         winners = phase_tune(args.out, env, [int(d) for d in args.tune_heads.split(",")],
-                             args.tune_budget)
+                             args.tune_budget, [int(n) for n in args.tune_seqlens.split(",")])
         # The benchmark below uses the winners, as a user would once they are committed.
         config_table.BACKWARD_TUNED.update(winners)
     table = phase_bench(args.out, args.quick, "none" if args.quick and args.flex == "default"

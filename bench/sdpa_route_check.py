@@ -4,7 +4,11 @@ Prints, per case, SDPA's own backend choice (``torch._fused_sdp_choice``) and th
 kernels a forward and a backward launched, so a call that SDPA still sends to cuDNN
 shows up by name:
 
-    PYTHONPATH=src python3 bench/sdpa_route_check.py
+    PYTHONPATH=src python3 bench/sdpa_route_check.py [--activate-first]
+
+``--activate-first`` activates attnlab before this process makes any CUDA call (the
+order a test that starts with activation has) and prints SDPA's priority order at each
+step, to show whether initialising CUDA afterwards changes it.
 """
 
 from __future__ import annotations
@@ -48,7 +52,21 @@ def run(label: str) -> None:
               f"choice={choice} fwd={fwd} bwd={bwd}")
 
 
+def priority() -> list[str]:
+    return [str(b) for b in torch._C._get_sdp_priority_order()]
+
+
 if __name__ == "__main__":
-    run("before")
-    attnlab_sdpa.activate()
-    run("after ")
+    import sys
+
+    if "--activate-first" in sys.argv:
+        print("priority at start:", priority())
+        attnlab_sdpa.activate()
+        print("priority after activate:", priority())
+        torch.zeros(1, device="cuda")
+        print("priority after the first CUDA tensor:", priority())
+        run("activated first")
+    else:
+        run("before")
+        attnlab_sdpa.activate()
+        run("after ")

@@ -540,3 +540,52 @@ def test_gpu_cuda_graph_capture_appends_and_attends():
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_caches_past_2_31_elements(paged):
+    # 3 sequences x 700k positions x 8 KV heads x 128 = 2.15e9 elements per cache (4.3 GB
+    # in bf16): the last sequence's rows (contiguous) or the pool's last pages (paged,
+    # which the block table hands to sequence 0) sit past 2^31 elements.
+    batch, heads, kv_heads, dim, capacity, page_size = 3, 32, 8, 128, 700_000, 256
+    needed = 4 * batch * capacity * kv_heads * dim * 2 + (6 << 30)
+    free, _ = torch.cuda.mem_get_info()
+    if free < needed:
+        pytest.skip(f"needs about {needed / 2**30:.0f} GiB of free GPU memory, "
+                    f"{free / 2**30:.0f} GiB free")
+    gen = torch.Generator(device="cuda").manual_seed(23)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    q = rand(batch, 1, heads, dim)
+    lengths = torch.tensor([capacity, 1234, capacity - 77], dtype=torch.int32, device="cuda")
+    per_seq = -(-capacity // page_size)
+    if paged:
+        k_cache, v_cache = rand(batch * per_seq, page_size, kv_heads, dim), \
+            rand(batch * per_seq, page_size, kv_heads, dim)
+        # Reversed: sequence 0 reads the pool's last pages, past 2^31 elements.
+        table = torch.arange(batch * per_seq - 1, -1, -1, dtype=torch.int32,
+                             device="cuda").view(batch, per_seq)
+        assert k_cache.numel() > 2**31
+        out, lse = attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, block_table=table,
+                                                   cache_seqlens=lengths, causal=True,
+                                                   return_softmax_lse=True)
+    else:
+        k_cache, v_cache = rand(batch, capacity, kv_heads, dim), rand(batch, capacity, kv_heads, dim)
+        assert k_cache.numel() > 2**31
+        out, lse = attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                                   causal=True, return_softmax_lse=True)
+    for b in range(batch):  # the float64 oracle, one sequence at a time
+        n = int(lengths[b])
+        if paged:
+            rows = table[b].long()
+            k = k_cache[rows].reshape(1, -1, kv_heads, dim)[:, :n]
+            v = v_cache[rows].reshape(1, -1, kv_heads, dim)[:, :n]
+        else:
+            k, v = k_cache[b:b + 1, :n], v_cache[b:b + 1, :n]
+        result = check_accuracy(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k, v, causal=True,
+                                layout="bshd")
+        assert result.passed, (b, result)

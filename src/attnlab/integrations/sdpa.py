@@ -48,7 +48,6 @@ SDPA is not covered here (compile attnlab's own API instead).
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass
 
@@ -146,18 +145,36 @@ class _Handle:
     """What activation changed; ``remove()`` undoes it (the registry calls it)."""
 
     library: object | None
-    priority: contextlib.AbstractContextManager | None
+    previous_priority: list[int] | None
 
     def remove(self) -> None:
-        if self.priority is not None:
-            self.priority.__exit__(None, None, None)
-            self.priority = None
+        if self.previous_priority is not None:
+            torch._C._set_sdp_priority_order(self.previous_priority)
+            self.previous_priority = None
         self.library = None  # dropping the Library deregisters its kernels
+
+
+def _flash_first() -> list[int]:
+    """Put FLASH_ATTENTION first in SDPA's priority order (the others keep theirs and
+    stay enabled); returns the order it replaced."""
+    from torch.nn.attention import SDPBackend
+
+    if torch.cuda.is_available():
+        # SDPA's CUDA selection writes its own default order (cuDNN first on Hopper)
+        # the first time it runs in a process, over any order set before.  Measured on
+        # the H200 (bench/sdpa_route_check.py --activate-first, session 2 run 2 of
+        # 2026-12-01): activation before the process's first SDPA call left every call
+        # on cuDNN.  One selection on tiny tensors (no kernel runs) makes that happen now.
+        tiny = torch.zeros((1, 1, 1, 64), dtype=torch.float16, device="cuda")
+        torch._fused_sdp_choice(tiny, tiny, tiny)
+    previous = [int(b) for b in torch._C._get_sdp_priority_order()]
+    flash = int(SDPBackend.FLASH_ATTENTION)
+    torch._C._set_sdp_priority_order([flash] + [b for b in previous if b != flash])
+    return previous
 
 
 def _install() -> _Handle:
     from torch.library import Library
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from attnlab.kernels._primitives import kernel_is_interpreted
 
@@ -170,14 +187,7 @@ def _install() -> _Handle:
         warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
         for op, kernel, key in kernels:
             library.impl(op, kernel, key)
-    # Flash first, every backend still enabled: eligible calls reach attnlab.  CUDA is
-    # initialised first: on the H200 the one test that activated before any CUDA call in
-    # its process (run 3 and run 5) saw SDPA still choose cuDNN, while activation after
-    # CUDA was up routed every case to attnlab (bench/sdpa_route_check.py, run 4) --
-    # a suspected cause, not yet confirmed on the GPU.
-    if torch.cuda.is_available():
-        torch.cuda.init()
-    priority = sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                            SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], set_priority=True)
-    priority.__enter__()
-    return _Handle(library, priority)
+    # The priority is set directly, not through the sdpa_kernel context manager: the
+    # registry keeps this handle for the whole process, and a context manager left open
+    # is finalised at interpreter exit, when torch._C is already gone.
+    return _Handle(library, _flash_first())

@@ -41,12 +41,28 @@ _ROLE_PATTERNS = (
 PREDICTED_PROVIDERS = (*cache_model.PREDICTORS, "attnlab")
 
 
+def attnlab_decode_splits(shape: AttentionShape,
+                          hw: cache_model.CacheHardware = cache_model.H200) -> int | None:
+    """The split count of attnlab's decode kernel when the API routes this call to it
+    (short queries against a long cache, attnlab.api), else None."""
+    from attnlab.kernels.decode import launch_plan, prefers_decode
+
+    if not prefers_decode(seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k, needs_grad=False):
+        return None
+    return launch_plan(batch=shape.batch, kv_heads=shape.kv_heads, query_heads=shape.query_heads,
+                       seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
+                       head_dim=shape.head_dim, sm_count=hw.sm_count)["num_splits"]
+
+
 def predict(provider: str, shape: AttentionShape,
             hw: cache_model.CacheHardware = cache_model.H200) -> list[cache_model.PredictedKernel]:
     """The cache model's kernels for one provider call, in launch order."""
     if provider == "attnlab":
         from attnlab.kernels.configs import forward_config, head_dim_padded
 
+        splits = attnlab_decode_splits(shape, hw)
+        if splits is not None:
+            return cache_model.predict_attnlab_decode(shape, splits, hw)
         config = forward_config(shape)
         return cache_model.predict_attnlab(
             shape, hw, block_m=config.block_m, block_n=config.block_n,
@@ -123,13 +139,16 @@ class CaseComparison:
         return self.predicted_read + self.predicted_write
 
     @property
-    def relative_error(self) -> float:
-        """(predicted - measured) / measured, over the kernels both sides contain."""
+    def relative_error(self) -> float | None:
+        """(predicted - measured) / measured, over the kernels both sides contain; None
+        when ncu measured no DRAM bytes for them (nothing to be relative to)."""
+        if self.measured_total == 0:
+            return None
         return (self.predicted_total - self.measured_total) / self.measured_total
 
     @property
     def logical_relative_error(self) -> float | None:
-        if self.logical_bytes is None:
+        if self.logical_bytes is None or self.measured_total == 0:
             return None
         return (self.logical_bytes - self.measured_total) / self.measured_total
 
@@ -139,7 +158,8 @@ class CaseComparison:
 
     @property
     def meets_goal(self) -> bool:
-        return self.kernels_match and abs(self.relative_error) <= GOAL_RELATIVE_ERROR
+        error = self.relative_error
+        return self.kernels_match and error is not None and abs(error) <= GOAL_RELATIVE_ERROR
 
     def as_dict(self) -> dict:
         return {
@@ -207,7 +227,9 @@ def compare_case(provider: str, shape: AttentionShape, kernels: Sequence[NcuKern
         pairs.append(KernelPair(role, kernel, prediction))
     unmodelled = [kernel for _, kernel in remaining]
     try:
-        logical, note = cache_model.logical_bytes(provider, shape, hw)
+        splits = attnlab_decode_splits(shape, hw) if provider == "attnlab" else None
+        logical, note = cache_model.logical_bytes(provider, shape, hw,
+                                                  attnlab_decode_splits=splits)
     except ValueError as error:  # a shape the logical model does not cover
         logical, note = None, f"logical model unavailable: {error}"
     return CaseComparison(provider, shape, pairs, logical, note, unmodelled)

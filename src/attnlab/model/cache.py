@@ -377,6 +377,25 @@ def predict_attnlab(shape: AttentionShape, hw: CacheHardware = H200, *, block_m:
         s, tiling, hw, label=f"attnlab forward ({block_m} x {block_n} tiles)")
 
 
+def predict_attnlab_decode(shape: AttentionShape, num_splits: int,
+                           hw: CacheHardware = H200) -> list[PredictedKernel]:
+    """attnlab's split-KV decode: the query heads of a KV group packed in one program,
+    so K/V are read once per KV head; with one split the kernel writes O and LSE
+    itself (no combine).  ``num_splits`` is the launcher's choice for the shape
+    (:func:`attnlab.kernels.decode.launch_plan`, passed in by the caller)."""
+    s = _check(shape)
+    if num_splits >= 2:
+        return predict_split_kv(s, num_splits, FusedTiling(s.seqlen_q, 0, Launch(128, 255, 0)),
+                                hw)
+    b = s.element_bytes
+    q = s.batch * s.query_heads * s.seqlen_q * s.head_dim * b
+    kv = 2 * s.batch * s.kv_heads * _visible_kv_rows(s) * s.head_dim * b
+    rows = s.batch * s.query_heads * s.seqlen_q
+    return [_kernel("split_kv", "split-KV decode (1 split)", unshared_reads=0,
+                    shared_reads=q + kv, written=q + rows * STATS_BYTES, hw=hw,
+                    notes=("query heads of a KV group packed: K/V read once per KV head",))]
+
+
 # The peers' kernels, predicted from the shape alone; attnlab's needs its tile
 # configuration too (see predict_attnlab and attnlab.measure.compare.predict).
 PREDICTORS: dict[str, Callable[..., list[PredictedKernel]]] = {
@@ -396,8 +415,12 @@ def predict(provider: str, shape: AttentionShape,
 
 
 # ----- the logical model, for the side-by-side table ---------------------------------------------
-def logical_bytes(provider: str, shape: AttentionShape, hw: CacheHardware = H200) -> tuple[int, str]:
-    """(read + written bytes, what was counted) of the logical, no-cache model."""
+def logical_bytes(provider: str, shape: AttentionShape, hw: CacheHardware = H200, *,
+                  attnlab_decode_splits: int | None = None) -> tuple[int, str]:
+    """(read + written bytes, what was counted) of the logical, no-cache model.
+
+    ``attnlab_decode_splits``: the split count when attnlab runs the call on its
+    split-KV decode kernel (the caller knows the launcher; this module does not)."""
     traffic = logical_traffic
     s = _check(shape)
     if provider == "eager":
@@ -425,6 +448,16 @@ def logical_bytes(provider: str, shape: AttentionShape, hw: CacheHardware = H200
         model = traffic.fused_forward_traffic(s.replace(block_m=128, block_n=128),
                                               write_lse=False, scope="layer")
         return model.total_bytes, "fused forward 128 x 128, K/V once per query tile"
+    if provider == "attnlab" and attnlab_decode_splits is not None:
+        tiles = s.replace(block_m=64, block_n=128)  # one packed row block per KV head
+        if attnlab_decode_splits == 1:
+            model = traffic.fused_forward_traffic(tiles, write_lse=True, scope="layer",
+                                                  pack_gqa=True)
+            return model.total_bytes, "split-KV decode, 1 split, query heads packed"
+        model = traffic.flash_decoding_traffic(tiles, num_splits=attnlab_decode_splits,
+                                               pack_gqa=True, write_lse=True, scope="layer")
+        return model.total_bytes, (f"Flash-Decoding, {attnlab_decode_splits} splits, query "
+                                   "heads packed, no cache reuse")
     if provider == "attnlab":
         model = traffic.fused_forward_traffic(s, write_lse=True, scope="layer")
         return model.total_bytes, "fused forward, K/V once per query tile"
