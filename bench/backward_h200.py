@@ -4,8 +4,8 @@
         [--phases edge,profile,correct,tune,bench] [--tune-heads 64,128,256]
         [--flex all|default|none]
 
-0. ``edge`` (only when asked): dQ/dK/dV error against float64 of attnlab (each
-   ``dq_mode``) and SDPA's backends on the tiny lengths with inputs x5;
+0. ``edge`` (only when asked): dQ/dK/dV error against float64 of attnlab and SDPA's
+   backends on the tiny lengths with inputs x5;
    ``profile`` (only when asked): host time per call, event-timed call, CUDA-graph
    replay and per-kernel time of attnlab's forward+backward at N = 1k and 4k.
 
@@ -15,9 +15,8 @@
    written to ``backward_correctness.jsonl``; a failing case is recorded and the run
    goes on.
 2. tune: BackwardConfig candidates for the backward alone at N = 4k (or
-   ``--tune-seqlens``), per (head dim, masked); dK/dV tiles first, with and without
-   dQ added by the dK/dV kernel (``dq_mode``), the dQ tiles fixed; then, when the separate dQ kernel won,
-   its tiles with the best dK/dV; the fastest accurate one per (head_dim_pad, masked, length bucket) as JSON
+   ``--tune-seqlens``), per (head dim, masked); dK/dV tiles first with the dQ tiles
+   fixed, then dQ tiles with the best dK/dV; the fastest accurate one per (head_dim_pad, masked, length bucket) as JSON
    lines in ``backward_tuning.jsonl`` (``"what": "backward_config_winner"``) and as
    ``BACKWARD_TUNED`` lines for ``attnlab/kernels/configs.py``.
 3. bench: forward + backward (phase ``fwdbwd``), bf16, causal and not, d = 128 and 64
@@ -145,14 +144,12 @@ TUNE_SHAPES = {  # head_dim -> (query_heads, kv_heads): the benchmark's layers a
 }
 
 
-def dkdv_candidates(head_dim: int) -> list[tuple[int, int, int, int, str]]:
-    """(dkdv_block_m, dkdv_block_n, num_warps, num_stages, dq_mode)."""
+def dkdv_candidates(head_dim: int) -> list[tuple[int, int, int, int]]:
+    """(dkdv_block_m, dkdv_block_n, num_warps, num_stages)."""
     if head_dim >= 256:
-        return [(32, 64, 8, 1, "kernel"), (64, 64, 8, 1, "kernel"), (32, 64, 4, 2, "kernel"),
-                (32, 64, 8, 1, "tma"), (32, 64, 8, 2, "tma"), (64, 64, 8, 1, "tma")]
-    return [(64, 128, 8, 3, "kernel"), (32, 128, 4, 3, "kernel"), (64, 128, 8, 3, "tma"),
-            (64, 128, 8, 2, "tma"), (32, 128, 8, 3, "tma"), (64, 64, 4, 3, "tma"),
-            (64, 128, 8, 2, "atomic")]
+        return [(32, 64, 8, 1), (64, 64, 8, 1), (32, 64, 4, 2), (64, 32, 4, 2), (16, 64, 4, 2)]
+    return [(64, 128, 8, 2), (32, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 2),
+            (128, 128, 8, 2)]
 
 
 def dq_candidates(head_dim: int) -> list[tuple[int, int]]:
@@ -216,15 +213,15 @@ def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float,
                 row.update(error=f"{type(error).__name__}: {str(error)[:300]}")
             log_line(path, row)
 
-        for block_m, block_n, warps, stages, dq_mode in dkdv_candidates(head_dim):
+        for block_m, block_n, warps, stages in dkdv_candidates(head_dim):
             if time.time() - started > budget_s:
                 break
             try_config(BackwardConfig(block_m, block_n, base.dq_block_m, base.dq_block_n,
-                                      warps, stages, dq_mode), "dkdv")
+                                      warps, stages), "dkdv")
         if not scored:
             continue
         best = min(scored)[1]
-        for block_m, block_n in (dq_candidates(head_dim) if best.dq_mode == "kernel" else []):
+        for block_m, block_n in dq_candidates(head_dim):
             if time.time() - started > budget_s:
                 break
             candidate = BackwardConfig(best.dkdv_block_m, best.dkdv_block_n, block_m, block_n,
@@ -243,8 +240,7 @@ def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float,
         print("\nBACKWARD_TUNED = {")
         for (d, m, b), c in sorted(winners.items()):
             print(f"    ({d}, {m}, {b}): BackwardConfig({c.dkdv_block_m}, {c.dkdv_block_n}, "
-                  f"{c.dq_block_m}, {c.dq_block_n}, {c.num_warps}, {c.num_stages}, "
-                  f"dq_mode={c.dq_mode!r}),")
+                  f"{c.dq_block_m}, {c.dq_block_n}, {c.num_warps}, {c.num_stages}),")
         print("}")
     return winners
 
@@ -425,10 +421,32 @@ def phase_profile(out_dir: str, env: dict) -> None:
         row = {"what": "fwdbwd_profile", "shape": shape.as_dict(), "host_ms": host_ms,
                "event_ms": events, "graph_ms": graph, "kernels_ms": kernels, **env}
         log_line(path, row)
+        if head_dim == 128 and seqlen == 1024 and causal:
+            _host_profile(call, inputs, out_dir)
         print(f"profile {shape.describe()}: host {host_ms:.3f} ms/call, events {events:.3f}, "
               f"graph {graph if isinstance(graph, str) else f'{graph:.3f}'}; kernels "
               + ", ".join(f"{n}={t:.3f}" for n, t in sorted(kernels.items(), key=lambda x: -x[1])),
               flush=True)
+
+
+def _host_profile(call, inputs, out_dir: str, calls: int = 30) -> None:
+    """cProfile of the host side of ``calls`` calls (the GPU runs behind), top entries."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call(*inputs)
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(40)
+    with open(os.path.join(out_dir, "backward_host_profile.txt"), "w", encoding="utf-8") as f:
+        f.write(f"{calls} calls\n" + text.getvalue())
 
 
 def phase_edge(out_dir: str, env: dict) -> None:
@@ -455,17 +473,12 @@ def phase_edge(out_dir: str, env: dict) -> None:
         yard = reference_gradients(*bhsd, dtype=torch.bfloat16)
         errors = {"yardstick_bf16_math": [(a.double() - b).abs().max().item()
                                          for a, b in zip(yard, oracle, strict=True)]}
-        for mode in ("kernel", "atomic", "tma"):
-            base = backward_config(AttentionShape(batch=1, query_heads=2, kv_heads=1,
-                                                  seqlen_q=seqlens[0], seqlen_k=seqlens[1],
-                                                  head_dim=64))
-            try:
-                grads = gradients(q, k, v, dout,
-                                  config=BackwardConfig(**{**base.as_dict(), "dq_mode": mode}))
-                errors[f"attnlab_{mode}"] = [(g.transpose(1, 2).double() - o).abs().max().item()
-                                             for g, o in zip(grads, oracle, strict=True)]
-            except Exception as error:  # noqa: BLE001
-                errors[f"attnlab_{mode}"] = f"{type(error).__name__}: {str(error)[:200]}"
+        try:
+            grads = gradients(q, k, v, dout)
+            errors["attnlab"] = [(g.transpose(1, 2).double() - o).abs().max().item()
+                                 for g, o in zip(grads, oracle, strict=True)]
+        except Exception as error:  # noqa: BLE001
+            errors["attnlab"] = f"{type(error).__name__}: {str(error)[:200]}"
         for name, backend in backends.items():
             leaves = [t.detach().clone().requires_grad_() for t in bhsd[:3]]
             try:

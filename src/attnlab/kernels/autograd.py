@@ -2,8 +2,10 @@
 
 ``attnlab::flash_fwd`` and ``attnlab::flash_bwd`` are ``torch.library`` custom ops:
 ``torch.compile(fullgraph=True)`` sees each as one opaque node, and
-``register_autograd`` connects them, so compiled and eager training take the same
-kernels.  The forward saves q, k, v, O and LSE only (never S or P): the backward
+``register_autograd`` connects them.  Eager training runs the same two bodies
+through a plain ``torch.autograd.Function`` (the op dispatcher's host cost is as long
+as the GPU's work at short sequences, see :func:`attention_forward`), so compiled and
+eager training take the same kernels.  The forward saves q, k, v, O and LSE only (never S or P): the backward
 recomputes the probabilities from them, so the extra memory is O(N * d).
 
 Why ``custom_op`` and not ``torch.library.triton_op`` + ``wrap_triton`` (issue #15):
@@ -42,8 +44,7 @@ def _lse_shape(q: torch.Tensor, layout: str) -> tuple[int, ...]:
     return tuple(q.shape[:3])
 
 
-@torch.library.custom_op("attnlab::flash_fwd", mutates_args=())
-def flash_fwd_op(
+def _flash_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, scale: float,
     causal: bool, window_left: int, window_right: int, softcap: float, deterministic: bool,
     cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
@@ -54,6 +55,9 @@ def flash_fwd_op(
                          **_varlen_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
 
+flash_fwd_op = torch.library.custom_op("attnlab::flash_fwd", mutates_args=())(_flash_fwd)
+
+
 @flash_fwd_op.register_fake
 def _(q, k, v, layout, scale, causal, window_left, window_right, softcap, deterministic,
       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
@@ -61,8 +65,7 @@ def _(q, k, v, layout, scale, causal, window_left, window_right, softcap, determ
             q.new_empty(_lse_shape(q, layout), dtype=torch.float32))
 
 
-@torch.library.custom_op("attnlab::flash_bwd", mutates_args=())
-def flash_bwd_op(
+def _flash_bwd(
     dout: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
     v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, layout: str, scale: float,
     causal: bool, window_left: int, window_right: int, softcap: float, deterministic: bool,
@@ -74,6 +77,9 @@ def flash_bwd_op(
                           deterministic=deterministic, dlse=dlse,
                           **_varlen_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k))
+
+
+flash_bwd_op = torch.library.custom_op("attnlab::flash_bwd", mutates_args=())(_flash_bwd)
 
 
 @flash_bwd_op.register_fake
@@ -95,13 +101,17 @@ def _setup_forward_context(ctx, inputs, output):
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
 
 
-def _forward_backward(ctx, grad_out, grad_lse):
+def _gradients(ctx, grad_out, grad_lse, backward):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     if grad_out is None:  # only the LSE was used downstream
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = flash_bwd_op(grad_out, grad_lse, q, k, v, out, lse, *ctx.options.values(),
-                              cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens)
+    dq, dk, dv = backward(grad_out, grad_lse, q, k, v, out, lse, *ctx.options.values(),
+                          cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens)
     return (dq, dk, dv) + (None,) * 11
+
+
+def _forward_backward(ctx, grad_out, grad_lse):
+    return _gradients(ctx, grad_out, grad_lse, flash_bwd_op)
 
 
 flash_fwd_op.register_autograd(_forward_backward, setup_context=_setup_forward_context)
@@ -120,6 +130,36 @@ def _no_double_backward(ctx, *grads):
 flash_bwd_op.register_autograd(_no_double_backward, setup_context=_setup_backward_context)
 
 
+class _EagerFlashAttention(torch.autograd.Function):
+    """The custom ops' forward and backward bodies without the op dispatcher, for eager
+    training: on the H200 the two custom-op calls of one forward+backward cost ~0.5 ms
+    of host time each (cProfile, ``bench/backward_h200.py --phases profile``), which at
+    N = 1k was as long as the GPU's work.  torch.compile takes the ops instead."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _flash_fwd(*inputs)
+        _setup_forward_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return _gradients(ctx, grad_out, grad_lse, _EagerFlashBackward.apply)
+
+
+class _EagerFlashBackward(torch.autograd.Function):
+    """The backward kernels as a node of their own, so a double backward raises the
+    ops' clear error instead of silently returning nothing."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        return _flash_bwd(*inputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _no_double_backward(ctx, *grads)
+
+
 # ---------------------------------------------------------------------------
 # The differentiable entry point the public API calls
 # ---------------------------------------------------------------------------
@@ -133,18 +173,21 @@ def attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O and LSE of already-validated tensors, differentiable in q, k, v (and through LSE).
 
-    Goes through the custom op when a gradient is needed or torch.compile is tracing;
-    a plain inference call launches the kernel directly, because the custom-op
-    dispatcher costs ~40 us of CPU per call (measured here), which dominates short
-    sequences.  ``deterministic`` only affects the backward (see
+    Goes through the custom ops when torch.compile is tracing, through the same bodies
+    as a plain autograd.Function when an eager call needs a gradient, and launches the
+    kernel directly for a plain inference call: the custom-op dispatcher's host cost
+    (~40 us per forward measured on the CPU, ~0.5 ms per op in a training step on the
+    H200) dominates short sequences.  ``deterministic`` only affects the backward (see
     :func:`attnlab.kernels.backward.flash_backward`).
     """
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                               or v.requires_grad)
-    if needs_grad or torch.compiler.is_compiling():
-        return flash_fwd_op(q, k, v, layout, scale, causal, window[0], window[1], softcap,
-                            deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k)
+    inputs = (q, k, v, layout, scale, causal, window[0], window[1], softcap, deterministic,
+              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if torch.compiler.is_compiling():
+        return flash_fwd_op(*inputs)
+    if needs_grad:
+        return _EagerFlashAttention.apply(*inputs)
     return flash_forward(q, k, v, layout=layout, scale=scale, causal=causal, window=window,
                          softcap=softcap,
                          **_varlen_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))

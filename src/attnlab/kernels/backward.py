@@ -6,22 +6,15 @@ FLOPs for bandwidth.  With P_ij = exp(S_ij - LSE_i) and D_i = rowsum(dO ∘ O)_i
 
     dV = P^T dO,   dP = dO V^T,   dS = P ∘ (dP - D),   dQ = scale dS K,   dK = scale dS^T Q.
 
-Two schedules share one dK/dV kernel:
+The work is split three ways, none of which uses atomics, so every run gives
+bit-identical dQ, dK and dV (``deterministic=True`` therefore changes nothing):
 
 * ``_attn_bwd_preprocess``: D = rowsum(dO ∘ O) in fp32 (minus dLSE when the
   LSE output itself was differentiated: d LSE_i / d S_ij = P_ij folds into D);
 * ``_attn_bwd_dkdv``: one program owns ``BLOCK_N`` keys of one KV head and streams
   the query tiles of **every query head of its GQA group** past them, so dK and dV
   are summed in registers, never through atomics or an expanded K/V;
-* dQ, with a config whose ``dq_mode`` is ``"atomic"`` or ``"tma"`` (FA2's and FA3's
-  schedule): the same program also forms dS K for each query tile and adds it to an
-  fp32 dQ accumulator, by relaxed per-element atomics or by one TMA reduce-add per
-  tile; five GEMMs per tile pair.  The order in which key blocks land varies, so dQ
-  may differ in the last bits run to run;
-* dQ with ``deterministic=True`` or ``dq_mode="kernel"``:
-  ``_attn_bwd_dq``, one program per ``BLOCK_M`` query rows streaming K/V tiles,
-  which recomputes QKᵀ and dO Vᵀ (seven GEMMs per tile pair) but uses no atomics:
-  dQ, dK and dV are then bit-identical on every run.
+* ``_attn_bwd_dq``: one program owns ``BLOCK_M`` query rows and streams K/V tiles.
 
 Masking follows the forward: the skip bound drops tiles wholly outside the band
 (``_q_band_bounds`` / ``_kv_band_bounds`` in ``_primitives``), band-edge and ragged
@@ -124,17 +117,15 @@ def _attn_bwd_preprocess(
 @triton.jit
 def _dkdv_tiles(
     dk, dv, k, v,
-    q_base, do_base, lse_base, delta_base, dq_base, dq_desc, dq_plane, dq_row0,
-    stride_qm, stride_dom, stride_dqm, offs_n, offs_d, q_begin, q_end,
+    q_base, do_base, lse_base, delta_base, stride_qm, stride_dom,
+    offs_n, offs_d, q_begin, q_end,
     seqlen_q, diag_offset, window_left, window_right,
-    qk_scale, softcap_log2, softcap_inv, scale,
+    qk_scale, softcap_log2, softcap_inv,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FUSED_DQ: tl.constexpr,
-    TMA_DQ: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
-    """Add the query tiles [q_begin, q_end) of one query head to this key block's dK, dV
-    (and, with FUSED_DQ, this key block's share of their dQ to the fp32 accumulator).
+    """Add the query tiles [q_begin, q_end) of one query head to this key block's dK, dV.
 
     Works on the transposed tile (keys x rows) so dK and dV come out of two MMAs
     without transposing the accumulators."""
@@ -166,27 +157,7 @@ def _dkdv_tiles(
         ds_t = p_t * (dp_t - delta[None, :])
         if HAS_SOFTCAP:
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)
-        ds_t = ds_t.to(q.dtype)
-        dk = _mma(ds_t, q, dk, UPCAST_DOT)
-        if FUSED_DQ:
-            # FA2/FA3's single pass: dQ_i += scale * dS_ij K_j lands in an fp32
-            # accumulator (head dim padded, so no column mask); the summation order over
-            # key blocks then varies run to run, hence deterministic=True avoids this path.
-            dq_part = _mma(tl.trans(ds_t), k, tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32),
-                           UPCAST_DOT) * scale
-            if TMA_DQ:
-                # One bulk TMA reduce-add per tile (FA3's way): the tensor core of L2 adds
-                # it, no per-element atomics.  The descriptor is (planes, rows, d) and
-                # clips rows past its end; rows past seqlen_q carry dS = 0 exactly.
-                dq_desc.atomic_add([dq_plane, dq_row0 + start_m, 0], dq_part[None, :, :])
-            else:
-                # Relaxed per-element atomics (red.global, no fences).
-                dq_ptrs = (dq_base + row_offset * stride_dqm
-                           + tl.arange(0, BLOCK_M)[:, None] * stride_dqm + offs_d[None, :])
-                if MASKED:
-                    tl.atomic_add(dq_ptrs, dq_part, sem="relaxed", mask=offs_m[:, None] < seqlen_q)
-                else:
-                    tl.atomic_add(dq_ptrs, dq_part, sem="relaxed")
+        dk = _mma(ds_t.to(q.dtype), q, dk, UPCAST_DOT)
     return dk, dv
 
 
@@ -194,7 +165,7 @@ def _dkdv_tiles(
                                "num_n_blocks", "window_left", "window_right"])
 def _attn_bwd_dkdv(
     # pointers
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, DQ_DESC, CU_SEQLENS_Q, CU_SEQLENS_K,
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K,
     # strides (batch, head, seq); the head dim is unit-stride
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -202,7 +173,6 @@ def _attn_bwd_dkdv(
     stride_dob, stride_doh, stride_dom,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
-    stride_dqb, stride_dqh, stride_dqm,
     stride_lseb, stride_lseh,
     # sizes
     num_kv_heads, group_size, seqlen_q, seqlen_k, num_n_blocks,
@@ -213,8 +183,7 @@ def _attn_bwd_dkdv(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    IS_VARLEN: tl.constexpr, FUSED_DQ: tl.constexpr, TMA_DQ: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     # Causal: the first key blocks are seen by the most queries and start first.
     start_n = tl.program_id(0) % num_n_blocks * BLOCK_N
@@ -253,33 +222,28 @@ def _attn_bwd_dkdv(
         off_h = off_hk * group_size + group_head
         q_base = Q + off_b * stride_qb + off_h * stride_qh + q_rows * stride_qm
         do_base = DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom
-        dq_base = DQ_ACC + off_b * stride_dqb + off_h * stride_dqh + q_rows * stride_dqm
-        # The TMA descriptor's (plane, row): dense (batch * heads, seqlen_q), varlen
-        # (heads, total_q).
-        dq_plane = (off_h if IS_VARLEN else off_b * num_kv_heads * group_size + off_h).to(tl.int32)
-        dq_row0 = q_start
         stat_offset = off_b * stride_lseb + off_h * stride_lseh + q_rows
         # Stage 1: rows on the diagonal / the window's right edge (element mask).
         dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset, dq_base,
-            DQ_DESC, dq_plane, dq_row0, stride_qm, stride_dom, stride_dqm, offs_n, offs_d, q_lo, full_lo,
+            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset,
+            stride_qm, stride_dom, offs_n, offs_d, q_lo, full_lo,
             seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
-            scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, FUSED_DQ, TMA_DQ, UPCAST_DOT)
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT)
         # Stage 2: rows that see the whole key block (no mask).
         dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset, dq_base,
-            DQ_DESC, dq_plane, dq_row0, stride_qm, stride_dom, stride_dqm, offs_n, offs_d, full_lo, full_hi,
+            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset,
+            stride_qm, stride_dom, offs_n, offs_d, full_lo, full_hi,
             seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
-            scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, FUSED_DQ, TMA_DQ, UPCAST_DOT)
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT)
         # Stage 3: rows at the window's left edge and the ragged last query tile (mask).
         dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset, dq_base,
-            DQ_DESC, dq_plane, dq_row0, stride_qm, stride_dom, stride_dqm, offs_n, offs_d, full_hi, q_hi,
+            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset,
+            stride_qm, stride_dom, offs_n, offs_d, full_hi, q_hi,
             seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
-            scale, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT,
-            HAS_SOFTCAP, FUSED_DQ, TMA_DQ, UPCAST_DOT)
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT)
 
     # Keys no query sees never met a visible score: dK = dV = 0 exactly.
     dk = dk * scale
@@ -502,13 +466,9 @@ def flash_backward(
     as the forward returns it.  Returns gradients in the layout and dtype of q, k, v.
     ``dlse`` (optional, LSE's shape) is the gradient flowing into the LSE output.
 
-    dK and dV are always summed in registers (over the GQA group too).  dQ follows
-    the config's ``dq_mode`` (the tuned table picks it per shape bucket): ``"kernel"``,
-    a separate dQ kernel without atomics; ``"atomic"`` / ``"tma"``, the dK/dV kernel adds
-    its share to an fp32 accumulator, so dQ's last bits may vary run to run.
-    ``deterministic=True`` always takes ``"kernel"``: bit-identical dQ, dK and dV on
-    every run.  Under Triton's interpreter ``"tma"`` runs as ``"atomic"`` (it has no
-    TMA reduce).
+    Deterministic always: no kernel uses atomics (dK/dV are summed over the GQA group
+    in registers, dQ has its own kernel), so ``deterministic=True`` and the default
+    run the same code and give bit-identical results run to run.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -557,26 +517,7 @@ def flash_backward(
             raise ValueError(f"{name}'s sequence stride ({row_stride} elements) is too large for "
                              "the kernels' 32-bit in-tile offsets; pass a contiguous tensor")
 
-    dq_mode = "kernel" if deterministic else config.dq_mode
-    if dq_mode == "tma" and interpreted:
-        dq_mode = "atomic"  # Triton's interpreter has no TMA reduce; same sums, per element
-    if dq_mode == "kernel":
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dq_acc = dq_desc = dq
-        acc_strides = (0, 0, 0)  # unread: the dK/dV kernel does not touch dQ
-    else:
-        # fp32, zeroed (every key block adds to it), one head's rows contiguous:
-        # (batch, heads, seqlen_q, d_pad), varlen (heads, total_q, d_pad).
-        planes = (num_heads,) if layout == "thd" else (batch, num_heads)
-        rows = q.shape[0] if layout == "thd" else seqlen_q
-        dq_acc = torch.zeros((*planes, rows, head_dim_pad), dtype=torch.float32, device=q.device)
-        acc_strides = (0, *dq_acc.stride()[:2]) if layout == "thd" else dq_acc.stride()[:3]
-        dq_desc = dq_acc
-        if dq_mode == "tma":
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            flat = dq_acc.view(-1, rows, head_dim_pad)
-            dq_desc = TensorDescriptor.from_tensor(flat, [1, config.dkdv_block_m, head_dim_pad])
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     delta = torch.empty_like(lse)
@@ -600,22 +541,15 @@ def flash_backward(
     group_size = num_heads // num_kv_heads
     kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
     _attn_bwd_dkdv[(kv_blocks * batch * num_kv_heads,)](
-        q, k, v, dout, lse, delta, dk, dv, dq_acc, dq_desc, cu_q, cu_k,
+        q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
         *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
         *_bhs_strides(dout, layout), *_bhs_strides(dk, layout), *_bhs_strides(dv, layout),
-        *acc_strides, *stat_strides,
+        *stat_strides,
         num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, FUSED_DQ=dq_mode != "kernel",
-        TMA_DQ=dq_mode == "tma", **masks,
+        BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if dq_mode != "kernel":
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        rows = dq_acc[..., :head_dim]  # (batch, heads, seq, d) or (heads, total, d)
-        dq.copy_(rows.transpose(0, 1) if layout == "thd" else
-                 rows.transpose(1, 2) if layout == "bshd" else rows)
-        return dq, dk, dv
     _attn_bwd_dq[(q_blocks * batch * num_heads,)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
         *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),

@@ -110,9 +110,6 @@ def forward_config(shape: AttentionShape, *, interpreted: bool = False) -> Forwa
 # Backward
 # ---------------------------------------------------------------------------
 
-DQ_MODES = ("kernel", "atomic", "tma")
-
-
 @dataclass(frozen=True)
 class BackwardConfig:
     """Tiles of the two backward kernels.
@@ -120,10 +117,7 @@ class BackwardConfig:
     dK/dV kernel: one program owns ``dkdv_block_n`` keys and streams query tiles of
     ``dkdv_block_m`` rows past them; dQ kernel: one program owns ``dq_block_m`` query
     rows and streams key tiles of ``dq_block_n``.  The delta preprocess uses
-    ``dq_block_m`` rows per program.  ``dq_mode``: ``"kernel"`` runs the separate dQ
-    kernel; ``"atomic"`` (per-element atomics) and ``"tma"`` (one TMA reduce-add per
-    tile) make the dK/dV kernel add dQ into an fp32 accumulator instead, and the dQ
-    tiles then only size the preprocess; ``deterministic=True`` calls take ``"kernel"``.
+    ``dq_block_m`` rows per program.
     """
 
     dkdv_block_m: int
@@ -132,15 +126,12 @@ class BackwardConfig:
     dq_block_n: int
     num_warps: int
     num_stages: int
-    dq_mode: str = "kernel"
 
     def __post_init__(self) -> None:
         for name in ("dkdv_block_m", "dkdv_block_n", "dq_block_m", "dq_block_n"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {value}")
-        if self.dq_mode not in DQ_MODES:
-            raise ValueError(f"dq_mode must be one of {', '.join(DQ_MODES)}, got {self.dq_mode!r}")
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -148,8 +139,7 @@ class BackwardConfig:
 
 # Small tiles keep the interpreter's per-op cost low and make test shapes span
 # several tiles in both directions (B_c > B_r in the dK/dV kernel, B_r > B_c in dQ).
-INTERPRETER_BACKWARD_CONFIG = BackwardConfig(32, 64, 64, 32, num_warps=4, num_stages=1,
-                                             dq_mode="atomic")
+INTERPRETER_BACKWARD_CONFIG = BackwardConfig(32, 64, 64, 32, num_warps=4, num_stages=1)
 
 # (head_dim_pad, masked) -> untuned H200 starting points (the Triton tutorial's and FA3's
 # shapes: K/V-stationary 128 keys against 64-row query tiles at d <= 128; at d = 256 the
