@@ -316,13 +316,17 @@ def measure(name: str, call, inputs: tuple, shape: AttentionShape, record_env: d
     return [latency, memory]
 
 
-def phase_bench(out_dir: str, quick: bool, flex_mode: str, budget_s: float, profile: bool):
+BENCH_PROVIDERS = ("sdpa_cudnn", "sdpa_flash", "flex", "attnlab", "attnlab_deterministic")
+
+
+def phase_bench(out_dir: str, quick: bool, flex_mode: str, budget_s: float, profile: bool,
+                providers: tuple[str, ...] = BENCH_PROVIDERS):
     record_env = environment(COMMAND)
     started = time.time()
     records, table = [], []
     for shape in bench_shapes(quick):
         row = {}
-        for name in ("sdpa_cudnn", "sdpa_flash", "flex", "attnlab", "attnlab_deterministic"):
+        for name in providers:
             reason = flex_wanted(shape, flex_mode) if name == "flex" else None
             if reason is None and time.time() - started > budget_s:
                 reason = f"bench time budget ({budget_s:.0f} s) spent before this point"
@@ -350,9 +354,11 @@ def phase_bench(out_dir: str, quick: bool, flex_mode: str, budget_s: float, prof
                                               reason=message, env=record_env))
             torch.cuda.empty_cache()
         table.append((shape, row))
+        # Upserted shape by shape, so a run stopped by its time limit keeps what it measured.
+        upsert_records(os.path.join(out_dir, "backward_bench.jsonl"), records)
+        records = []
         print(f"{shape.describe()}: " + " ".join(f"{n}={t:.0f}" for n, (t, _) in row.items()),
               flush=True)
-    upsert_records(os.path.join(out_dir, "backward_bench.jsonl"), records)
     return table
 
 
@@ -509,6 +515,8 @@ def main() -> int:
     parser.add_argument("--tune-budget", type=float, default=90.0)
     parser.add_argument("--bench-budget", type=float, default=150.0)
     parser.add_argument("--flex", choices=("default", "all", "none"), default="default")
+    parser.add_argument("--providers", default=",".join(BENCH_PROVIDERS),
+                        help="bench providers, comma-separated (default: all five)")
     parser.add_argument("--profile", action="store_true", help="list each call's kernels")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -531,7 +539,8 @@ def main() -> int:
         # The benchmark below uses the winners, as a user would once they are committed.
         config_table.BACKWARD_TUNED.update(winners)
     table = phase_bench(args.out, args.quick, "none" if args.quick and args.flex == "default"
-                        else args.flex, args.bench_budget, args.profile) \
+                        else args.flex, args.bench_budget, args.profile,
+                        tuple(args.providers.split(","))) \
         if "bench" in phases else []
     print_table(table)
     print(f"\ncorrectness failures: {failures}; total {time.time() - started:.0f} s")
