@@ -320,11 +320,13 @@ BENCH_PROVIDERS = ("sdpa_cudnn", "sdpa_flash", "flex", "attnlab", "attnlab_deter
 
 
 def phase_bench(out_dir: str, quick: bool, flex_mode: str, budget_s: float, profile: bool,
-                providers: tuple[str, ...] = BENCH_PROVIDERS):
+                providers: tuple[str, ...] = BENCH_PROVIDERS, shape_filter: tuple[str, ...] = ()):
     record_env = environment(COMMAND)
     started = time.time()
     records, table = [], []
     for shape in bench_shapes(quick):
+        if shape_filter and not any(part in shape.describe() for part in shape_filter):
+            continue
         row = {}
         for name in providers:
             reason = flex_wanted(shape, flex_mode) if name == "flex" else None
@@ -517,6 +519,9 @@ def main() -> int:
     parser.add_argument("--flex", choices=("default", "all", "none"), default="default")
     parser.add_argument("--providers", default=",".join(BENCH_PROVIDERS),
                         help="bench providers, comma-separated (default: all five)")
+    parser.add_argument("--shapes", default="",
+                        help="bench only shapes whose description contains one of these "
+                             "comma-separated parts, e.g. 'Nq=1024,d=64'")
     parser.add_argument("--profile", action="store_true", help="list each call's kernels")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -540,7 +545,8 @@ def main() -> int:
         config_table.BACKWARD_TUNED.update(winners)
     table = phase_bench(args.out, args.quick, "none" if args.quick and args.flex == "default"
                         else args.flex, args.bench_budget, args.profile,
-                        tuple(args.providers.split(","))) \
+                        tuple(args.providers.split(",")),
+                        tuple(p for p in args.shapes.split(",") if p)) \
         if "bench" in phases else []
     print_table(table)
     print(f"\ncorrectness failures: {failures}; total {time.time() - started:.0f} s")
