@@ -159,11 +159,14 @@ _BACKWARD_BASE: dict[tuple[int, bool], BackwardConfig] = {
 }
 
 # (head_dim_pad, masked, length_bucket) -> the fastest accurate config measured on the
-# H200, as bench/backward_h200.py printed them (run 2 of 2026-12-01, bf16, backward alone;
-# bench/results/runs/2026-12-01-run2/backward_tuning.jsonl).  The one change the sweep
-# found: 3 stages instead of 2 (d = 128: 306 TFLOP/s causal, 394 full), and at d = 64
-# causal half the dK/dV rows with 4 warps (290).  Other buckets take the nearest one.
+# H200, as bench/backward_h200.py printed them (bf16, backward alone): run 2 of
+# 2026-12-01 (bench/results/runs/2026-12-01-run2/backward_tuning.jsonl) found 3 stages
+# instead of 2 (d = 128: 306 TFLOP/s causal, 394 full) and, at d = 64 causal, half the
+# dK/dV rows with 4 warps (290); the second session's run 2
+# (bench/results/runs/2026-12-01-s2-run2/backward_tuning.jsonl) the same for d = 64
+# without a mask (375 against the base tiles' 258).  Other buckets take the nearest one.
 BACKWARD_TUNED: dict[tuple[int, bool, int], BackwardConfig] = {
+    (64, False, 4096): BackwardConfig(32, 128, 128, 64, 4, 3),
     (64, True, 4096): BackwardConfig(32, 128, 64, 64, 4, 3),
     (128, False, 4096): BackwardConfig(64, 128, 128, 64, 8, 3),
     (128, True, 4096): BackwardConfig(64, 128, 128, 64, 8, 3),
