@@ -150,3 +150,16 @@ def test_nothing_to_plot_is_an_error(tmp_path):
         plots.plot_records(fixture_records()[-2:], tmp_path)
     with pytest.raises(ValueError, match="no prefill sweep"):
         plots.plot_tflops_grid(fixture_records()[-2:], tmp_path / "grid.png")
+
+
+def test_a_phase_file_without_a_roof_takes_the_ceilings_beside_it(tmp_path):
+    phase_file = tmp_path / "fwdbwd.jsonl"
+    rec.upsert_records(phase_file, [latency("attnlab", "fwdbwd", n, n / 9000)
+                                    for n in (1024, 4096)])
+    rec.upsert_records(tmp_path / "measure.jsonl", [ceiling("tflops", 680.0, "bf16 GEMM")])
+    records = plots.with_sibling_ceilings(rec.load_records(phase_file), phase_file)
+    assert plots.ceilings(records, "NVIDIA H200")["tflops"] == (680.0, "measured: bf16 GEMM")
+    # A file with a roof of its own keeps it; a folder passed as --out is left alone.
+    own = rec.load_records(phase_file) + [ceiling("tflops", 701.5, "own")]
+    assert plots.with_sibling_ceilings(own, phase_file) == own
+    assert plots.with_sibling_ceilings([], tmp_path) == []

@@ -141,11 +141,11 @@ def run_bench(args: argparse.Namespace) -> int:
     from attnlab.measure.timing import FLUSH_MODES
 
     if args.replot:  # plots only read records: no GPU needed
-        from attnlab.measure.plots import plot_records
+        from attnlab.measure.plots import plot_records, with_sibling_ceilings
 
         args.plots = prepare_out_dir(args.plots, "--plots")
-
-        written = plot_records(rec.load_records(args.out), args.plots)
+        written = plot_records(with_sibling_ceilings(rec.load_records(args.out), args.out),
+                               args.plots)
         if args.json:
             _print_json({"plots": [str(p) for p in written]})
         else:

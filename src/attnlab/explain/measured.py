@@ -265,6 +265,7 @@ def bytes_section(cases: list[dict], notes: list[str], colours: dict[str, str],
     The pairing of kernels with predictions is attnlab.measure.compare's; this only
     formats its result, as chart points and as the table under the chart.
     """
+    from attnlab.explain.profile import short_kernel_name
     from attnlab.measure import compare
 
     points, table = [], []
@@ -280,14 +281,22 @@ def bytes_section(cases: list[dict], notes: list[str], colours: dict[str, str],
         logical = comparison.logical_bytes
         error = comparison.relative_error
         label = plots.provider_label(provider)
+        unmodelled = sum((k.dram_bytes_read or 0) + (k.dram_bytes_write or 0)
+                         for k in comparison.unmodelled)
         text = (f"{label} \u00b7 {shape.describe()} \u00b7 measured {format_bytes(measured)}, "
                 f"cache-aware {format_bytes(predicted)} ({100 * error:+.1f}%)"
                 + ("" if logical is None else f", logical {format_bytes(logical)} "
-                   f"({format_ratio(logical / measured)} measured)"))
+                   f"({format_ratio(logical / measured)} measured)")
+                + ("" if not comparison.unmodelled else
+                   f"; not compared: {len(comparison.unmodelled)} kernel"
+                   f"{'s' if len(comparison.unmodelled) != 1 else ''} the model lacks "
+                   f"({format_bytes(unmodelled)}: "
+                   f"{', '.join(short_kernel_name(k.name) for k in comparison.unmodelled)})"))
         points.append({"provider": provider, "label": label, "colour": colours[provider],
                        "phase": case["phase"], "shape": shape.describe(),
                        "measured_bytes": measured, "cache_model_bytes": predicted,
-                       "logical_bytes": logical, "relative_error": error, "text": text})
+                       "logical_bytes": logical, "relative_error": error,
+                       "unmodelled_bytes": unmodelled, "text": text})
         logical_text = "n/a" if logical is None else \
             f"{format_bytes(logical)} ({format_ratio(logical / measured)} measured)"
         table.append({"provider": provider, "phase": case["phase"], "cells": [

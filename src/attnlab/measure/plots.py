@@ -250,6 +250,19 @@ def ceilings(records: Iterable[dict], gpu: str) -> dict[str, tuple[float, str]]:
     return found
 
 
+def with_sibling_ceilings(records: list[dict], path: str | Path) -> list[dict]:
+    """``records`` read from the file ``path``, plus the measured ceilings recorded in the
+    other record files of its folder when it has none of its own: a phase's file
+    (fwdbwd.jsonl) holds no roof, the GEMM and copy ceilings measured on the same GPU
+    beside it (measure.jsonl) are its roof (:func:`ceilings` keeps only the same GPU's)."""
+    from attnlab.measure.records import load_records
+
+    path = Path(path)
+    if not path.is_file() or any(r["provider"] == CEILING_PROVIDER for r in records):
+        return records
+    return records + [r for r in load_records(path.parent) if r["provider"] == CEILING_PROVIDER]
+
+
 # ----- drawing --------------------------------------------------------------------------------
 def _token_axis(ax, lengths: Sequence[int]) -> None:
     """Log x axis with ticks at the measured lengths, written 1k, 4k, 128k."""
