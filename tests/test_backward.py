@@ -438,18 +438,16 @@ def _chunked_reference(q, k, v, dout, scale, key_rows, chunk=16384):
     return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
 
 
-@pytest.mark.gpu
-@gpu
-def test_gpu_tensors_past_2_31_elements():
-    # K and V: 600k tokens x 32 heads x 128 = 2.46e9 elements each (4.9 GB in bf16), so
-    # row offsets in the last tiles pass 2^31; dK and dV are as large again.
-    seqlen_q, seqlen_k, heads, head_dim = 128, 600_000, 32, 128
-    needed = 4 * seqlen_k * heads * head_dim * 2 + (6 << 30)
+def _big_gradients(seqlen_q, seqlen_k, *, tensors_needed, seed):
+    """(q, k, v, dout, scale, dq, dk, dv) at 32 heads x d 128, bf16, bshd batch 1; skips
+    when the GPU lacks the memory for ``tensors_needed`` tensors of the longer side."""
+    heads, head_dim = 32, 128
+    needed = tensors_needed * max(seqlen_q, seqlen_k) * heads * head_dim * 2 + (6 << 30)
     free, _ = torch.cuda.mem_get_info()
     if free < needed:
         pytest.skip(f"needs about {needed / 2**30:.0f} GiB of free GPU memory, "
                     f"{free / 2**30:.0f} GiB free")
-    gen = torch.Generator(device="cuda").manual_seed(17)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
 
     def rand(n):
         return torch.randn(1, n, heads, head_dim, generator=gen, device="cuda",
@@ -457,17 +455,31 @@ def test_gpu_tensors_past_2_31_elements():
 
     q, dout = rand(seqlen_q), rand(seqlen_q)
     k, v = rand(seqlen_k), rand(seqlen_k)
-    assert k.numel() > 2**31
+    assert max(q.numel(), k.numel()) > 2**31
     scale = 1.0 / math.sqrt(head_dim)
     out, lse = flash_forward(q, k, v, layout="bshd", scale=scale)
-    dq, dk, dv = flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale)
-    key_rows = torch.tensor([0, 1, 300_000, seqlen_k - 130, seqlen_k - 2, seqlen_k - 1],
-                            device="cuda")
-    ref_dq, ref_dk, ref_dv = _chunked_reference(q, k, v, dout, scale, key_rows)
-    for got, want in ((dq[0], ref_dq), (dk[0, key_rows], ref_dk), (dv[0, key_rows], ref_dv)):
+    return (q, k, v, dout, scale,
+            *flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale))
+
+
+def _assert_close_to(pairs):
+    for got, want in pairs:
         assert torch.isfinite(got).all()
         error = (got.float() - want).abs().max().item()
         assert error <= 2e-2 * want.abs().max().item() + 1e-6, error
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_tensors_past_2_31_elements():
+    # K and V: 600k tokens x 32 heads x 128 = 2.46e9 elements each (4.9 GB in bf16), so
+    # row offsets in the last tiles pass 2^31; dK and dV are as large again.
+    seqlen_k = 600_000
+    q, k, v, dout, scale, dq, dk, dv = _big_gradients(128, seqlen_k, tensors_needed=4, seed=17)
+    key_rows = torch.tensor([0, 1, 300_000, seqlen_k - 130, seqlen_k - 2, seqlen_k - 1],
+                            device="cuda")
+    ref_dq, ref_dk, ref_dv = _chunked_reference(q, k, v, dout, scale, key_rows)
+    _assert_close_to(((dq[0], ref_dq), (dk[0, key_rows], ref_dk), (dv[0, key_rows], ref_dv)))
 
 
 def _query_chunked_reference(q, k, v, dout, scale, query_rows, chunk=16384):
@@ -498,27 +510,8 @@ def _query_chunked_reference(q, k, v, dout, scale, query_rows, chunk=16384):
 def test_gpu_query_side_tensors_past_2_31_elements():
     # Q, O, dO and dQ: 600k tokens x 32 heads x 128 = 2.46e9 elements each; the last
     # query tiles' row offsets pass 2^31.
-    seqlen_q, seqlen_k, heads, head_dim = 600_000, 256, 32, 128
-    needed = 7 * seqlen_q * heads * head_dim * 2 + (6 << 30)
-    free, _ = torch.cuda.mem_get_info()
-    if free < needed:
-        pytest.skip(f"needs about {needed / 2**30:.0f} GiB of free GPU memory, "
-                    f"{free / 2**30:.0f} GiB free")
-    gen = torch.Generator(device="cuda").manual_seed(19)
-
-    def rand(n):
-        return torch.randn(1, n, heads, head_dim, generator=gen, device="cuda",
-                           dtype=torch.bfloat16)
-
-    q, dout = rand(seqlen_q), rand(seqlen_q)
-    k, v = rand(seqlen_k), rand(seqlen_k)
-    assert q.numel() > 2**31
-    scale = 1.0 / math.sqrt(head_dim)
-    out, lse = flash_forward(q, k, v, layout="bshd", scale=scale)
-    dq, dk, dv = flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale)
+    seqlen_q = 600_000
+    q, k, v, dout, scale, dq, dk, dv = _big_gradients(seqlen_q, 256, tensors_needed=7, seed=19)
     query_rows = torch.cat([torch.arange(0, 64), torch.arange(seqlen_q - 4096, seqlen_q)]).cuda()
     ref_dq, ref_dk, ref_dv = _query_chunked_reference(q, k, v, dout, scale, query_rows)
-    for got, want in ((dq[0, query_rows], ref_dq), (dk[0], ref_dk), (dv[0], ref_dv)):
-        assert torch.isfinite(got).all()
-        error = (got.float() - want).abs().max().item()
-        assert error <= 2e-2 * want.abs().max().item() + 1e-6, error
+    _assert_close_to(((dq[0, query_rows], ref_dq), (dk[0], ref_dk), (dv[0], ref_dv)))
