@@ -166,3 +166,29 @@ def test_tiny_bench_end_to_end_on_gpu(tmp_path, capsys):
                  "--json"]) == 0
     kernels = json.loads(capsys.readouterr().out)
     assert kernels["launches"] >= 4 and sum(k["is_gemm"] for k in kernels["kernels"]) == 2
+
+
+@pytest.mark.parametrize("flop_count", ["exact", "conventional"])
+@pytest.mark.parametrize("phase", ["prefill", "decode", "fwdbwd"])
+def test_a_points_command_reproduces_its_shape_and_flop_convention(phase, flop_count):
+    # The record's `command` must ask the CLI for the same point: shape, phase and the
+    # TFLOP/s convention (the README's tables count 4BHN^2d, halved when causal).
+    import shlex
+
+    from attnlab.cli import build_parser
+    from attnlab.measure.sweep import phase_shape, point_command, sweep_length
+    from attnlab.shapes import AttentionShape
+
+    base = AttentionShape(batch=4, query_heads=24, kv_heads=4, head_dim=256, dtype="bf16",
+                          causal=True)
+    shape = phase_shape(base, phase, 4096)
+    provider = parse_providers("attnlab")[0]
+    argv = shlex.split(point_command(provider, phase, shape, {}, flop_count))
+    assert argv[:2] == ["attnlab", "bench"]
+    args = build_parser().parse_args(argv[1:])
+    assert args.flop_count == flop_count and args.phase == phase
+    heads = int(args.heads)
+    rebuilt = phase_shape(command._base_shape(args, heads=heads), phase,
+                          int(args.seqlens))
+    assert rebuilt.describe() == shape.describe()
+    assert int(args.seqlens) == sweep_length(shape, phase)

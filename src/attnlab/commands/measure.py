@@ -168,7 +168,7 @@ def run_bench(args: argparse.Namespace) -> int:
     timing = {"flush": args.flush, "cuda_graph": args.cuda_graph, "target_ms": args.target_ms,
               "repeats": args.repeats}
     results = run_sweep(providers, phases, seqlens, base, device="cuda", env=env, timing=timing,
-                        out=args.out, progress=not args.json)
+                        out=args.out, progress=not args.json, flop_count=args.flop_count)
     records = [r.record for r in results]
     plots = []
     if not args.no_plots and any(r["metric"] == "latency" for r in records):
@@ -384,6 +384,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--flush", default="l2", help="l2 (default), rotate or none")
     bench.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                        help="time CUDA-graph replays (default: for calls under 0.1 ms only)")
+    bench.add_argument("--flop-count", choices=("exact", "conventional"), default="exact",
+                       help="TFLOP/s from the mask's exact pairs (default) or the "
+                            "benchmarks' 4BHN^2d halved when causal (the README's tables)")
     bench.add_argument("--out", type=Path, default=DEFAULT_BENCH_FILE,
                        help=f"records file, upserted (default {DEFAULT_BENCH_FILE})")
     bench.add_argument("--plots", default=str(DEFAULT_PLOTS),

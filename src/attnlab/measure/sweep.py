@@ -109,8 +109,9 @@ class PointResult:
         return self.record["metric"] == rec.SKIPPED
 
 
-def point_command(p: Provider, phase: str, shape: AttentionShape, options: dict) -> str:
-    """The command that reproduces one point."""
+def point_command(p: Provider, phase: str, shape: AttentionShape, options: dict,
+                  flop_count: str = "exact") -> str:
+    """The command that reproduces one point (its TFLOP/s convention included)."""
     argv = ["attnlab", "bench", "--phase", phase, "--providers", p.name,
             "--seqlens", str(sweep_length(shape, phase)), "--batch", str(shape.batch),
             "--heads", str(shape.query_heads), "--kv-heads", str(shape.kv_heads),
@@ -122,6 +123,8 @@ def point_command(p: Provider, phase: str, shape: AttentionShape, options: dict)
         argv.append("--cuda-graph" if options["cuda_graph"] else "--no-cuda-graph")
     if options.get("flush") not in (None, "l2"):
         argv += ["--flush", options["flush"]]
+    if flop_count != "exact":
+        argv += ["--flop-count", flop_count]
     return shlex.join(argv)
 
 
@@ -154,7 +157,7 @@ def measure_point(p: Provider, shape: AttentionShape, phase: str, *, device: str
     from attnlab.measure.timing import time_call
 
     timing = dict(timing or {})
-    env = {**env, "command": point_command(p, phase, shape, timing)}
+    env = {**env, "command": point_command(p, phase, shape, timing, flop_count)}
 
     def skip(reason: str, check: CheckResult | None = None) -> PointResult:
         record = rec.skipped_record(provider=p.name, phase=phase, shape=shape, reason=reason,
@@ -214,7 +217,8 @@ def run_sweep(providers: Sequence[Provider], phases: Sequence[str], seqlens: Seq
             shape = phase_shape(base, phase, seqlen)
             bar.update(task, description=f"{phase:7s} {p.name:15s} N={seqlen}")
             if deadline is not None and time.monotonic() > deadline:
-                point_env = {**env, "command": point_command(p, phase, shape, timing or {})}
+                point_env = {**env, "command": point_command(p, phase, shape, timing or {},
+                                                             flop_count)}
                 record = rec.skipped_record(provider=p.name, phase=phase, shape=shape,
                                             reason="not measured: the run's time budget was "
                                                    "spent before this point", env=point_env)
