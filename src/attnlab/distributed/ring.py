@@ -59,7 +59,9 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from attnlab.api import _check_tensors, _resolve_impl, merge_states
+from attnlab.api.common import _resolve_impl
+from attnlab.api.dense import _check_tensors
+from attnlab.api.kvcache import merge_states
 from attnlab.checks import check_bool
 from attnlab.reference.inputs import accumulation_dtype, resolve_scale
 

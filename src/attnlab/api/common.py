@@ -1,0 +1,76 @@
+"""What every public call shares: the implementation choice, ``last_impl`` (per
+thread), the option and dtype checks, the Triton kernels' input rules, and the
+refusal of flash-attn arguments attnlab has no kernel for."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from attnlab.checks import check_softcap, check_window
+from attnlab.reference.inputs import check_reference_dtype
+
+IMPLS = ("auto", "triton", "reference")
+# Per thread: two threads calling attnlab each see the implementation their own call ran.
+_calls = threading.local()
+
+
+def last_impl() -> str | None:
+    """Which implementation this thread's most recent attnlab attention call ran: 'triton',
+    'triton-decode' (the split-KV kernel: decode-shaped calls and flash_attn_with_kvcache)
+    or 'reference'; None before the thread's first call."""
+    return getattr(_calls, "impl", None)
+
+
+def _record_impl(impl: str) -> None:
+    """What :func:`last_impl` answers in this thread (every entry point sets it here)."""
+    _calls.impl = impl
+
+
+def _check_reference_dtypes(**tensors: torch.Tensor) -> None:
+    """Refuse (TypeError with the allowed list) a dtype the float64 reference would only
+    pretend to compute in: an int, bool, complex or fp8 tensor cast to float64."""
+    for name, tensor in tensors.items():
+        check_reference_dtype(name, tensor)
+
+
+def _check_options(window_size, softcap) -> tuple[tuple[int, int], float]:
+    """window_size and softcap as attnlab.checks reads them (NumPy and 0-d tensors too)."""
+    return check_window(window_size, name="window_size"), check_softcap(softcap, name="softcap")
+
+
+def _resolve_impl(impl: str, q: torch.Tensor) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    if impl == "auto":
+        return "triton" if q.is_cuda else "reference"
+    if impl == "triton" and not q.is_cuda:
+        from attnlab.kernels.forward import kernel_is_interpreted
+
+        if not kernel_is_interpreted():
+            raise ValueError(
+                "impl='triton' needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set "
+                "before attnlab is imported (Triton's interpreter); use impl='reference' on CPU")
+    return impl
+
+
+def _triton_ready(q, k, v, head_dim: int):
+    """q, k, v as the Triton kernels take them (fp16/bf16, head_dim <= 256, unit last stride)."""
+    from attnlab.kernels.forward import MAX_HEAD_DIM, SUPPORTED_DTYPES
+
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"the Triton kernel takes dtype torch.float16 or torch.bfloat16, got {q.dtype}")
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be <= {MAX_HEAD_DIM} for the Triton kernel, got {head_dim}")
+    # The kernel needs unit stride along head_dim; anything else costs one copy.
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+
+
+def _refuse_unsupported(*, dropout_p=0.0, alibi_slopes=None) -> None:
+    """flash-attn arguments attnlab has no kernel for: refused, never ignored."""
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"dropout_p must be 0.0: attnlab has no dropout (got {dropout_p})")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes must be None: attnlab does not support ALiBi")

@@ -1,0 +1,370 @@
+"""KV cache and decode: ``flash_attn_with_kvcache`` (flash-attn's semantics: append in
+place, rotary, paged caches, split-KV) and ``merge_states`` (the exact combine)."""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.api.common import (
+    _check_options,
+    _check_reference_dtypes,
+    _record_impl,
+    _refuse_unsupported,
+    _resolve_impl,
+)
+from attnlab.checks import check_bool, check_int, check_scale
+
+
+def _check_index_tensor(name: str, t, batch: int, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of dtype torch.int32, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must have dtype torch.int32, got {t.dtype}")
+    if t.dim() != 1 or t.shape[0] != batch:
+        raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {t.device}")
+
+
+def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                           cache_batch_idx, cache_leftpad, block_table) -> int:
+    """Shapes, dtypes and devices of flash_attn_with_kvcache's tensors; returns the capacity."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4 or min(q.shape) == 0:
+        raise ValueError(f"q must be 4-D (batch, seqlen_q, heads, head_dim), non-empty; got "
+                         f"shape {tuple(q.shape)}")
+    batch, seqlen_q, heads, head_dim = q.shape
+    paged = block_table is not None
+    cache_form = "(num_pages, page_size, kv_heads, head_dim)" if paged else \
+        "(batch_cache, seqlen_cache, kv_heads, head_dim)"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4 or min(t.shape) == 0:
+            raise ValueError(f"{name} must be 4-D {cache_form}, non-empty; got {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}.dtype must equal q.dtype ({q.dtype}), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} "
+                         f"and {tuple(v_cache.shape)}")
+    kv_heads, cache_dim = k_cache.shape[2], k_cache.shape[3]
+    if cache_dim != head_dim:
+        raise ValueError(f"k_cache/v_cache head_dim ({cache_dim}) must equal q's ({head_dim})")
+    if heads % kv_heads:
+        raise ValueError(f"k_cache's kv_heads ({kv_heads}) must divide q's heads ({heads})")
+
+    if paged:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            raise TypeError(f"block_table must be a torch.int32 tensor (batch, max_pages), got "
+                            f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
+            raise ValueError(f"block_table must be (batch, max_pages) = ({batch}, >= 1), got "
+                             f"{tuple(block_table.shape)}")
+        if block_table.device != q.device:
+            raise ValueError(f"block_table must be on q's device {q.device}, got {block_table.device}")
+        page_size = k_cache.shape[1]
+        if page_size % 16:
+            raise ValueError(f"the paged cache's page size (k_cache.shape[1]) must be a multiple "
+                             f"of 16, got {page_size}")
+        if cache_batch_idx is not None:
+            raise NotImplementedError("cache_batch_idx must be None with a paged cache "
+                                      "(block_table already picks each sequence's pages)")
+        if cache_leftpad is not None:
+            raise NotImplementedError("cache_leftpad must be None with a paged cache")
+        capacity = block_table.shape[1] * page_size
+    else:
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is None and k_cache.shape[0] != batch:
+            raise ValueError(f"k_cache's batch ({k_cache.shape[0]}) must equal q's ({batch}) "
+                             "unless cache_batch_idx picks the rows")
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_index_tensor(name, t, batch, q.device)
+    if isinstance(cache_seqlens, torch.Tensor):
+        _check_index_tensor("cache_seqlens", cache_seqlens, batch, q.device)
+    elif cache_seqlens is not None and cache_seqlens > capacity:
+        raise ValueError(f"cache_seqlens must be an int in [0, capacity = {capacity}], got "
+                         f"{cache_seqlens}")
+
+    if (k is None) != (v is None):
+        raise ValueError("k and v must both be given (new keys and values to append) or both None")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 4 or t.shape[0] != batch or t.shape[1] == 0 or t.shape[2:] != (kv_heads, head_dim):
+                raise ValueError(f"{name} must be (batch, seqlen_new, kv_heads, head_dim) = "
+                                 f"({batch}, >= 1, {kv_heads}, {head_dim}), got {tuple(t.shape)}")
+            if t.dtype != q.dtype:
+                raise TypeError(f"{name}.dtype must equal q.dtype ({q.dtype}), got {t.dtype}")
+            if t.device != q.device:
+                raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens must be given when k and v are appended (where to write them)")
+        if isinstance(cache_seqlens, int) and cache_seqlens + k.shape[1] > capacity:
+            raise ValueError(f"cache_seqlens + seqlen_new ({cache_seqlens} + {k.shape[1]}) must be "
+                             f"<= the cache capacity {capacity}")
+
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must both be given or both None")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos/rotary_sin need the new k and v (flash-attn rotates q and "
+                             "the appended keys together)")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point torch.Tensor, got "
+                                f"{getattr(t, 'dtype', type(t).__name__)}")
+            if t.device != q.device:
+                raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+        if rotary_cos.dim() != 2 or rotary_cos.shape != rotary_sin.shape:
+            raise ValueError(f"rotary_cos and rotary_sin must both be (seqlen_ro, rotary_dim / 2), "
+                             f"got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
+        rotary_dim = 2 * rotary_cos.shape[1]
+        if rotary_dim % 16 or rotary_dim > head_dim or rotary_dim == 0:
+            raise ValueError(f"rotary_dim (2 x rotary_cos.shape[1]) must be a multiple of 16 in "
+                             f"[16, head_dim={head_dim}], got {rotary_dim}")
+        if rotary_cos.shape[0] < capacity:
+            raise ValueError(f"rotary_cos/rotary_sin must cover every cache position: seqlen_ro "
+                             f"({rotary_cos.shape[0]}) must be >= the cache capacity {capacity}")
+    return capacity
+
+
+def _check_kvcache_contents(q, k_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
+                            block_table, *, capacity: int, seqlen_new: int,
+                            rotary_positions: int, rotary_len: int) -> int | None:
+    """Bounds that depend on index tensors' values, checked with one host read.
+
+    Returns the longest live key count (for the split count), or None when the check
+    is skipped: while a CUDA graph is being captured a host read is impossible, and
+    the indices are the caller's responsibility (the kernel trusts them).
+    """
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    if not any(isinstance(t, torch.Tensor)
+               for t in (cache_seqlens, cache_batch_idx, cache_leftpad, block_table)):
+        # No index tensors: every bound is host arithmetic.  The device path below costs
+        # ~15 tiny launches and a host sync, which dominated a 4k-cache decode step on the
+        # H200 (370 us per call against ~20 us of kernel time, bench run 1).
+        start = capacity if cache_seqlens is None else cache_seqlens
+        if start + seqlen_new > capacity:
+            raise ValueError(f"cache_seqlens = {start} must be in [0, capacity - seqlen_new] = "
+                             f"[0, {capacity - seqlen_new}] (capacity {capacity})")
+        if rotary_len and start + rotary_positions > rotary_len:
+            raise ValueError(f"rotary_cos/rotary_sin have {rotary_len} positions but this call "
+                             f"rotates up to position {start + rotary_positions - 1}")
+        return start + seqlen_new
+    batch = q.shape[0]
+    device = q.device
+    if cache_seqlens is None:
+        starts = torch.full((batch,), capacity, dtype=torch.int64, device=device)
+    elif isinstance(cache_seqlens, torch.Tensor):
+        starts = cache_seqlens.to(torch.int64)
+    else:
+        starts = torch.full((batch,), int(cache_seqlens), dtype=torch.int64, device=device)
+    ends = starts + seqlen_new
+    firsts = (cache_leftpad.to(torch.int64) if cache_leftpad is not None
+              else torch.zeros_like(ends))
+    flags = [(starts.min() < 0) | (ends.max() > capacity),
+             (firsts.min() < 0) | (firsts > starts).any()]
+    if cache_batch_idx is not None:
+        flags.append((cache_batch_idx.min() < 0) | (cache_batch_idx.max() >= k_cache.shape[0]))
+    if block_table is not None:
+        page_size = k_cache.shape[1]
+        pages_used = (ends + page_size - 1) // page_size
+        used = torch.arange(block_table.shape[1], device=device)[None, :] < pages_used[:, None]
+        bad = used & ((block_table < 0) | (block_table >= k_cache.shape[0]))
+        flags.append(bad.any())
+    summary = torch.stack([torch.stack(flags).to(torch.int64).max(),
+                           (ends - firsts).max(), starts.max() + rotary_positions]).tolist()
+    if summary[0]:
+        _raise_bad_indices(starts, ends, firsts, cache_batch_idx, block_table, k_cache, capacity,
+                           seqlen_new)
+    if rotary_len and summary[2] > rotary_len:
+        raise ValueError(f"rotary_cos/rotary_sin have {rotary_len} positions but this call "
+                         f"rotates up to position {summary[2] - 1}")
+    return int(summary[1])
+
+
+def _raise_bad_indices(starts, ends, firsts, cache_batch_idx, block_table, k_cache, capacity,
+                       seqlen_new) -> None:
+    """The error for the first bad index argument (only reached when one is bad)."""
+    starts_list, ends_list, firsts_list = starts.tolist(), ends.tolist(), firsts.tolist()
+    for b, (start, end) in enumerate(zip(starts_list, ends_list, strict=True)):
+        if start < 0 or end > capacity:
+            raise ValueError(f"cache_seqlens[{b}] = {start} must be in [0, capacity - seqlen_new] "
+                             f"= [0, {capacity - seqlen_new}] (capacity {capacity})")
+    for b, (first, start) in enumerate(zip(firsts_list, starts_list, strict=True)):
+        if not 0 <= first <= start:
+            raise ValueError(f"cache_leftpad[{b}] = {first} must be in [0, cache_seqlens[{b}]] = "
+                             f"[0, {start}]")
+    if cache_batch_idx is not None:
+        for b, row in enumerate(cache_batch_idx.tolist()):
+            if not 0 <= row < k_cache.shape[0]:
+                raise ValueError(f"cache_batch_idx[{b}] = {row} must be in [0, {k_cache.shape[0]})")
+    if block_table is None:
+        return
+    page_size = k_cache.shape[1]
+    for b, row in enumerate(block_table.tolist()):
+        for j in range(-(-ends_list[b] // page_size)):
+            if not 0 <= row[j] < k_cache.shape[0]:
+                raise ValueError(f"block_table[{b}, {j}] = {row[j]} must be a page index in "
+                                 f"[0, num_pages = {k_cache.shape[0]})")
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+                            block_table=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
+                            impl="auto", max_seqlen_k=None):
+    """Drop-in for flash-attn's ``flash_attn_with_kvcache``: attend q to a KV cache,
+    appending new keys and values first.
+
+    Tensors (``bshd``): q (batch, seqlen_q, heads, d); a contiguous cache
+    (batch_cache, seqlen_cache, kv_heads, d), or a paged one (num_pages, page_size,
+    kv_heads, d) with ``block_table`` (batch, max_pages) int32 (vLLM layout; page size
+    a multiple of 16).  ``k``, ``v`` (batch, seqlen_new, kv_heads, d) are written IN
+    PLACE at positions ``cache_seqlens[b] ...`` (nothing else in the cache is
+    written), then attended to.  ``cache_seqlens``: an int or (batch,) int32 tensor,
+    the cache length before the append (None: the whole cache).  ``cache_batch_idx``
+    (batch,) int32 picks cache rows; ``cache_leftpad`` (batch,) int32 is each
+    sequence's first live position.  Rotary (``rotary_cos``/``rotary_sin``
+    (seqlen_ro, rotary_dim / 2), rotary_dim a multiple of 16 <= d) rotates q and the
+    new k at their cache positions: new key j at ``cache_seqlens + j``; query i at
+    ``cache_seqlens + i`` when causal or windowed, else every query at
+    ``cache_seqlens`` (flash-attn's rule).  Causal is bottom-right over the live keys.
+
+    Returns ``out`` (batch, seqlen_q, heads, d), or ``(out, lse)`` with
+    ``return_softmax_lse`` (LSE (batch, heads, seqlen_q) fp32, natural log).
+
+    ``num_splits=0`` chooses the split count (:func:`attnlab.kernels.decode.choose_num_splits`)
+    from the longest live length.  Bounds of the index tensors (cache_seqlens within the
+    capacity, leftpad <= cache_seqlens, batch indices and the used block_table entries in
+    range) are checked with one host read before any kernel runs — except while a CUDA
+    graph is being captured (``torch.cuda.is_current_stream_capturing()``), where no host
+    read is possible: there the values are trusted.  The split count uses ``max_seqlen_k``
+    (an optional upper bound on any sequence's live keys; it changes speed, never the
+    result) when given, else the live maximum that check read, else (under capture)
+    the capacity.
+    ``impl``: "triton" (the split-KV kernel; ``last_impl()`` = "triton-decode"),
+    "reference" (float64 oracle) or "auto".
+    """
+    from attnlab.kernels.decode import MAX_SPLITS, flash_decode
+    from attnlab.kernels.forward import MAX_HEAD_DIM, SUPPORTED_DTYPES
+    from attnlab.reference.decode import (
+        append_to_cache,
+        apply_rotary,
+        as_lengths,
+        kvcache_attention,
+        positions_from,
+    )
+
+    _refuse_unsupported(alibi_slopes=alibi_slopes)
+    causal = check_bool("causal", causal)
+    rotary_interleaved = check_bool("rotary_interleaved", rotary_interleaved)
+    return_softmax_lse = check_bool("return_softmax_lse", return_softmax_lse)
+    window, softcap = _check_options(window_size, softcap)
+    num_splits = check_int("num_splits", num_splits, minimum=0, maximum=MAX_SPLITS)
+    if max_seqlen_k is not None:
+        max_seqlen_k = check_int("max_seqlen_k", max_seqlen_k, minimum=0)
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = check_int("cache_seqlens", cache_seqlens, minimum=0)
+    capacity = _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                      cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    impl = _resolve_impl(impl, q)
+    batch, seqlen_q, _, head_dim = q.shape
+    scale = check_scale(softmax_scale, head_dim, name="softmax_scale")
+    if impl == "triton":
+        if q.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"the Triton kernel takes dtype torch.float16 or torch.bfloat16, got {q.dtype}")
+        if head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim must be <= {MAX_HEAD_DIM} for the Triton kernel, got {head_dim}")
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if t.stride(-1) != 1:
+                raise ValueError(f"{name} must have unit stride along head_dim (it is updated in "
+                                 f"place, so attnlab cannot copy it), got strides {t.stride()}")
+    else:  # before the append: a refused call writes nothing into the cache
+        _check_reference_dtypes(q=q, k_cache=k_cache, v_cache=v_cache)
+    seqlen_new = 0 if k is None else k.shape[1]
+    local = causal or window != (-1, -1)
+    rotary_positions = (max(seqlen_new, seqlen_q) if local else seqlen_new) \
+        if rotary_cos is not None else 0
+    live_max = _check_kvcache_contents(
+        q, k_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+        capacity=capacity, seqlen_new=seqlen_new, rotary_positions=rotary_positions,
+        rotary_len=0 if rotary_cos is None else rotary_cos.shape[0])
+
+    if rotary_cos is not None:
+        start = as_lengths(cache_seqlens, batch, q.device)
+        q = apply_rotary(q, rotary_cos, rotary_sin,
+                         positions_from(start, seqlen_q, same_position=not local),
+                         interleaved=rotary_interleaved)
+        k = apply_rotary(k, rotary_cos, rotary_sin, positions_from(start, seqlen_new),
+                         interleaved=rotary_interleaved)
+    if k is not None:
+        append_to_cache(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx=cache_batch_idx,
+                        block_table=block_table)
+
+    options = dict(cache_seqlens=cache_seqlens, seqlen_new=seqlen_new,
+                   cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                   block_table=block_table, scale=scale, causal=causal, window=window,
+                   softcap=softcap)
+    if impl == "triton":
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        if block_table is not None and block_table.stride(1) != 1:
+            block_table = block_table.contiguous()
+            options["block_table"] = block_table
+        out, lse = flash_decode(q, k_cache, v_cache, num_splits=num_splits,
+                                max_seqlen_k=max_seqlen_k if max_seqlen_k is not None else live_max,
+                                **options)
+        _record_impl("triton-decode")
+    else:
+        out, lse = kvcache_attention(q, k_cache, v_cache, **options)
+        _record_impl("reference")
+    return (out, lse) if return_softmax_lse else out
+
+
+def merge_states_many(outs, lses):
+    """Exact merge of partial attentions over disjoint key sets: returns (out, lse).
+
+    ``outs``: a sequence of tensors (..., d); ``lses``: the matching (...) natural-log
+    LSEs (for flash_attn_func's (batch, heads, seqlen) LSE next to a (batch, seqlen,
+    heads, d) output, pass ``lse.transpose(1, 2)``).  Computed in fp32 (float64 when
+    any input is float64); out comes back in ``outs[0]``'s dtype, lse in the work dtype.
+    A partial with LSE = -inf contributes nothing; merging only empty partials gives
+    (0, -inf), never NaN.  The formula is the reference's, :func:`attnlab.reference.decode.merge_stacked`.
+    """
+    from attnlab.reference.decode import merge_stacked
+
+    for name, parts in (("outs", outs), ("lses", lses)):
+        if isinstance(parts, torch.Tensor) or not isinstance(parts, (list, tuple)) or not parts:
+            raise TypeError(f"{name} must be a non-empty list or tuple of tensors, got "
+                            f"{type(parts).__name__}")
+        for i, t in enumerate(parts):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"{name}[{i}] must be a floating-point torch.Tensor, got "
+                                f"{getattr(t, 'dtype', type(t).__name__)}")
+    if len(outs) != len(lses):
+        raise ValueError(f"outs and lses must have one entry per partial, got {len(outs)} and {len(lses)}")
+    for i, (o, lse) in enumerate(zip(outs, lses, strict=True)):
+        if o.dim() < 1 or o.shape[:-1] != lse.shape or o.shape != outs[0].shape:
+            raise ValueError(f"outs[{i}] must be {tuple(outs[0].shape)} and lses[{i}] its shape "
+                             f"without the last dim; got {tuple(o.shape)} and {tuple(lse.shape)}")
+        if o.device != outs[0].device or lse.device != outs[0].device:
+            raise ValueError(f"every partial must be on {outs[0].device}; outs[{i}]/lses[{i}] are on "
+                             f"{o.device}/{lse.device}")
+    work = torch.float64 if any(t.dtype == torch.float64 for t in (*outs, *lses)) else torch.float32
+    out, lse = merge_stacked(torch.stack([o.to(work) for o in outs]),
+                             torch.stack([lse.to(work) for lse in lses]))
+    return out.to(outs[0].dtype), lse
+
+
+def merge_states(out_a, lse_a, out_b, lse_b):
+    """Exact merge of two partial attentions: see :func:`merge_states_many`."""
+    return merge_states_many([out_a, out_b], [lse_a, lse_b])

@@ -1,0 +1,203 @@
+"""Variable-length batches: layout thd, (total_tokens, heads, head_dim), with
+``cu_seqlens`` (flash-attn's ``flash_attn_varlen_func`` and its packed forms)."""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.api.common import (
+    _check_options,
+    _check_reference_dtypes,
+    _record_impl,
+    _refuse_unsupported,
+    _resolve_impl,
+    _triton_ready,
+)
+from attnlab.checks import check_bool, check_int, check_scale
+
+
+def _check_varlen_tensors(q, k, v) -> tuple[int, int, int]:
+    """(heads, kv_heads, head_dim) of packed q, k, v; the same rules as the dense calls."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total_tokens, heads, head_dim), got shape "
+                             f"{tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    _, heads, head_dim = q.shape
+    _, kv_heads, kv_dim = k.shape
+    if kv_dim != head_dim:
+        raise ValueError(f"k/v head_dim ({kv_dim}) must equal q head_dim ({head_dim})")
+    if kv_heads == 0 or heads % kv_heads != 0:
+        raise ValueError(f"kv heads ({kv_heads}) must divide query heads ({heads})")
+    if head_dim == 0:
+        raise ValueError(f"empty input: head_dim is 0 (q {tuple(q.shape)})")
+    return heads, kv_heads, head_dim
+
+
+def _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k) -> tuple[list[int], list[int]]:
+    """Per-sequence lengths from validated cu_seqlens: one device-to-host copy of both."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.int32 tensor, got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape "
+                             f"{tuple(cu.shape)}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same batch + 1 entries, "
+                         f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    entries = cu_seqlens_q.shape[0]
+    offsets = torch.cat((cu_seqlens_q, cu_seqlens_k)).tolist()
+    lengths = []
+    for name, cu, total, tensor in (("cu_seqlens_q", offsets[:entries], q.shape[0], "q"),
+                                    ("cu_seqlens_k", offsets[entries:], k.shape[0], "k")):
+        if cu[0] != 0:
+            raise ValueError(f"{name}[0] must be 0, got {cu[0]}")
+        steps = [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
+        if min(steps) < 0:
+            i = steps.index(min(steps))
+            raise ValueError(f"{name} must be non-decreasing, got {name}[{i + 1}] = {cu[i + 1]} "
+                             f"< {name}[{i}] = {cu[i]}")
+        if cu[-1] != total:
+            raise ValueError(f"{name}[-1] must equal {tensor}'s total tokens {total} "
+                             f"({tensor}.shape[0]), got {cu[-1]}")
+        lengths.append(steps)
+    return lengths[0], lengths[1]
+
+
+def _check_max_seqlen(name: str, value, lengths: list[int]) -> int:
+    value = check_int(name, value, minimum=0)
+    longest = max(lengths)
+    if value < longest:
+        raise ValueError(f"{name} ({value}) is smaller than sequence {lengths.index(longest)}'s "
+                         f"length {longest}")
+    return value
+
+
+def _varlen_reference(q, k, v, lengths_q, lengths_k, *, scale, causal, window, softcap):
+    """Per-sequence float64 reference calls, concatenated (differentiable)."""
+    from attnlab.reference import tiled
+
+    heads, head_dim = q.shape[1], q.shape[2]
+    outs, lses = [], []
+    q_start = k_start = 0
+    for length_q, length_k in zip(lengths_q, lengths_k, strict=True):
+        q_seq = q[q_start:q_start + length_q]
+        if length_q and length_k:
+            to_bhsd = (lambda t: t.transpose(0, 1)[None].to(torch.float64))
+            out64, lse = tiled(to_bhsd(q_seq), to_bhsd(k[k_start:k_start + length_k]),
+                               to_bhsd(v[k_start:k_start + length_k]), causal=causal,
+                               scale=scale, window=window, softcap=softcap)
+            outs.append(out64[0].transpose(0, 1).to(q.dtype))
+            lses.append(lse[0].to(torch.float32))
+        else:  # no keys (or no queries): zeros and -inf, the kernel's convention
+            outs.append(q_seq.new_zeros((length_q, heads, head_dim)))
+            lses.append(torch.full((heads, length_q), float("-inf"), device=q.device))
+        q_start += length_q
+        k_start += length_k
+    return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None, *, impl="auto"):
+    """Drop-in for flash-attn's ``flash_attn_varlen_func``: a batch of sequences of any lengths.
+
+    q is (total_q, heads, head_dim), k and v (total_k, kv_heads, head_dim): the
+    sequences packed one after another.  ``cu_seqlens_q`` / ``cu_seqlens_k`` are
+    torch.int32 tensors of batch + 1 cumulative lengths on q's device (sequence i is
+    rows ``cu[i]:cu[i+1]``); sequences may be empty and seqlen_q may differ from seqlen_k
+    per sequence.  ``max_seqlen_q/k`` must be at least the longest length.  Causal is
+    bottom-right aligned per sequence; a query with no visible key (or a sequence with
+    no keys) outputs zeros and LSE = -inf.
+
+    Returns ``out`` (total_q, heads, head_dim), or ``(out, softmax_lse, None)`` with
+    ``return_attn_probs=True``; LSE is (heads, total_q) float32, flash-attn's varlen layout.
+
+    The checks of cu_seqlens (int32, on q's device, 1-D, first entry 0, non-decreasing,
+    last entry = total tokens, the max_seqlen bounds) read their values on the host:
+    one small device-to-host copy per call, so a call cannot be captured in a CUDA
+    graph.  Every check runs before any kernel.  ``block_table`` (a paged KV cache) is
+    not supported.  ``impl="reference"`` runs the float64 reference per sequence.
+    """
+    if block_table is not None:
+        raise NotImplementedError(
+            "block_table must be None: attnlab's varlen call takes contiguous packed k/v, "
+            "not a paged KV cache")
+    _refuse_unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
+    causal = check_bool("causal", causal)
+    deterministic = check_bool("deterministic", deterministic)
+    return_attn_probs = check_bool("return_attn_probs", return_attn_probs)
+    window, softcap = _check_options(window_size, softcap)
+    _, _, head_dim = _check_varlen_tensors(q, k, v)
+    impl = _resolve_impl(impl, q)
+    scale = check_scale(softmax_scale, head_dim, name="softmax_scale")
+    lengths_q, lengths_k = _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k)
+    _check_max_seqlen("max_seqlen_q", max_seqlen_q, lengths_q)
+    _check_max_seqlen("max_seqlen_k", max_seqlen_k, lengths_k)
+    options = dict(scale=scale, causal=causal, window=window, softcap=softcap)
+    if impl == "triton":
+        q, k, v = _triton_ready(q, k, v, head_dim)
+        from attnlab.kernels.autograd import attention_forward
+
+        # The launch grid covers the longest real sequence, not the caller's bound.
+        out, lse = attention_forward(
+            q, k, v, layout="thd", deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max(lengths_q),
+            max_seqlen_k=max(lengths_k), **options)
+    else:
+        _check_reference_dtypes(q=q, k=k, v=v)
+        out, lse = _varlen_reference(q, k, v, lengths_q, lengths_k, **options)
+    _record_impl(impl)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _check_varlen_packed(name: str, packed, parts: int) -> None:
+    if not isinstance(packed, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(packed).__name__}")
+    if packed.dim() != 4 or packed.shape[1] != parts:
+        layout = "(total_tokens, 3, heads, head_dim)" if parts == 3 else \
+            "(total_k, 2, kv_heads, head_dim)"
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(packed.shape)}")
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, impl="auto"):
+    """flash-attn's ``flash_attn_varlen_qkvpacked_func``: qkv is (total_tokens, 3, heads,
+    head_dim), one ``cu_seqlens`` / ``max_seqlen`` for queries and keys.  q, k, v are
+    views into qkv (no copy); options and returns as :func:`flash_attn_varlen_func`."""
+    _check_varlen_packed("qkv", qkv, 3)
+    q, k, v = qkv.unbind(dim=1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs, impl=impl)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None, causal=False,
+                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                    deterministic=False, return_attn_probs=False, *,
+                                    impl="auto"):
+    """flash-attn's ``flash_attn_varlen_kvpacked_func``: q is (total_q, heads, head_dim), kv
+    (total_k, 2, kv_heads, head_dim).  k, v are views into kv (no copy); options and
+    returns as :func:`flash_attn_varlen_func`."""
+    _check_varlen_packed("kv", kv, 2)
+    k, v = kv.unbind(dim=1)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  impl=impl)
