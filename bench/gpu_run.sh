@@ -7,7 +7,10 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/results"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-export ATTNLAB_GIT_COMMIT=${ATTNLAB_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# Pass ATTNLAB_GIT_COMMIT=$(git rev-parse --short HEAD) from the sending machine: the
+# device copy's own .git can lag the tree it was sent (session 2 of 2026-12-01: runs
+# 1-4 reported an older commit), so the fallback below is marked as unverified.
+export ATTNLAB_GIT_COMMIT=${ATTNLAB_GIT_COMMIT:-"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)?"}
 log="$OUT/log.txt"
 {
   echo "== $(date -u +%FT%TZ) commit $ATTNLAB_GIT_COMMIT"
