@@ -457,6 +457,9 @@ def _bad_calls():
         ("paged with batch idx", lambda q, kc, vc: f(q, pages, pages, block_table=table[:, :2],
                                                        cache_batch_idx=lengths), NotImplementedError,
          "cache_batch_idx"),
+        ("paged with leftpad", lambda q, kc, vc: f(q, pages, pages, block_table=table[:, :2],
+                                                    cache_leftpad=lengths), NotImplementedError,
+         "cache_leftpad"),
     ]
 
 

@@ -3,36 +3,10 @@
 The public API is re-exported here; nothing else lives in this file.
 """
 
-from attnlab.api import (
-    attention,
-    flash_attn_func,
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-    last_impl,
-    merge_states,
-    merge_states_many,
-)
+# The public calls are named once, in attnlab.api.__all__.
+from attnlab.api import *  # noqa: F403
+from attnlab.api import __all__ as _API_NAMES
 from attnlab.shapes import PRESETS, AttentionShape, ModelPreset, preset
 
-__all__ = [
-    "PRESETS",
-    "AttentionShape",
-    "ModelPreset",
-    "attention",
-    "flash_attn_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_qkvpacked_func",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_with_kvcache",
-    "last_impl",
-    "merge_states",
-    "merge_states_many",
-    "preset",
-]
+__all__ = [*_API_NAMES, "PRESETS", "AttentionShape", "ModelPreset", "preset"]
 __version__ = "0.1.0"

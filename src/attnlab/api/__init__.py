@@ -27,7 +27,7 @@ One module per family of calls: :mod:`.common` (the implementation choice,
 :mod:`.kvcache` (``flash_attn_with_kvcache``, ``merge_states``).
 """
 
-from attnlab.api.common import IMPLS, last_impl
+from attnlab.api.common import last_impl
 from attnlab.api.dense import (
     attention,
     flash_attn_func,
@@ -41,8 +41,8 @@ from attnlab.api.varlen import (
     flash_attn_varlen_qkvpacked_func,
 )
 
+# The public calls; the package root re-exports exactly these.
 __all__ = [
-    "IMPLS",
     "attention",
     "flash_attn_func",
     "flash_attn_kvpacked_func",

@@ -40,9 +40,15 @@ def _check_options(window_size, softcap) -> tuple[tuple[int, int], float]:
     return check_window(window_size, name="window_size"), check_softcap(softcap, name="softcap")
 
 
-def _resolve_impl(impl: str, q: torch.Tensor) -> str:
+def check_impl(impl) -> str:
+    """``impl`` if it names an implementation, else the ValueError listing them."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    return impl
+
+
+def _resolve_impl(impl: str, q: torch.Tensor) -> str:
+    check_impl(impl)
     if impl == "auto":
         return "triton" if q.is_cuda else "reference"
     if impl == "triton" and not q.is_cuda:

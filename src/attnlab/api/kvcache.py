@@ -233,7 +233,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     written), then attended to.  ``cache_seqlens``: an int or (batch,) int32 tensor,
     the cache length before the append (None: the whole cache).  ``cache_batch_idx``
     (batch,) int32 picks cache rows; ``cache_leftpad`` (batch,) int32 is each
-    sequence's first live position.  Rotary (``rotary_cos``/``rotary_sin``
+    sequence's first live position; with a paged cache both are refused
+    (NotImplementedError: the block table already picks and orders each sequence's
+    pages, and paged caches have no left padding here).  Rotary (``rotary_cos``/``rotary_sin``
     (seqlen_ro, rotary_dim / 2), rotary_dim a multiple of 16 <= d) rotates q and the
     new k at their cache positions: new key j at ``cache_seqlens + j``; query i at
     ``cache_seqlens + i`` when causal or windowed, else every query at

@@ -59,7 +59,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from attnlab.api.common import _resolve_impl
+from attnlab.api.common import _refuse_unsupported, _resolve_impl
 from attnlab.api.dense import _check_tensors
 from attnlab.api.kvcache import merge_states
 from attnlab.checks import check_bool
@@ -431,10 +431,7 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     sliding windows and softcap are refused (``NotImplementedError``): the ring's
     block plan covers full and causal attention only.
     """
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"dropout_p must be 0.0: attnlab has no dropout (got {dropout_p})")
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes must be None: attnlab does not support ALiBi")
+    _refuse_unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
     if tuple(window_size) != (-1, -1):
         raise NotImplementedError(f"window_size must be (-1, -1): ring attention has no sliding "
                                   f"window (got {window_size!r})")

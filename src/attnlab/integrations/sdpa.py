@@ -162,8 +162,8 @@ def _flash_first() -> list[int]:
     if torch.cuda.is_available():
         # SDPA's CUDA selection writes its own default order (cuDNN first on Hopper)
         # the first time it runs in a process, over any order set before.  Measured on
-        # the H200 (bench/sdpa_route_check.py --activate-first, session 2 run 2 of
-        # 2026-12-01): activation before the process's first SDPA call left every call
+        # the H200 (bench/sdpa_route_check.py --activate-first, 2026-12-01 session 2: run 1
+        # found it, run 2 verified this): activation before the process's first SDPA call left every call
         # on cuDNN.  One selection on tiny tensors (no kernel runs) makes that happen now.
         tiny = torch.zeros((1, 1, 1, 64), dtype=torch.float16, device="cuda")
         torch._fused_sdp_choice(tiny, tiny, tiny)

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.api import IMPLS, attention, flash_attn_varlen_func
+from attnlab.api import attention, flash_attn_varlen_func
+from attnlab.api.common import check_impl
 
 NAME = "attnlab"
 
@@ -100,8 +101,7 @@ def _packed_boundaries(position_ids: torch.Tensor | None, query: torch.Tensor, k
 
 def make_attention_forward(impl: str = "auto"):
     """transformers' attention-function signature, bound to one attnlab ``impl``."""
-    if impl not in IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    check_impl(impl)
 
     def attnlab_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                   value: torch.Tensor, attention_mask: torch.Tensor | None,

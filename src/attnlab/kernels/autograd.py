@@ -5,8 +5,9 @@
 ``register_autograd`` connects them.  Eager training runs the same two bodies
 through a plain ``torch.autograd.Function`` (the op dispatcher's host cost is as long
 as the GPU's work at short sequences, see :func:`attention_forward`), so compiled and
-eager training take the same kernels.  The forward saves q, k, v, O and LSE only (never S or P): the backward
-recomputes the probabilities from them, so the extra memory is O(N * d).
+eager training take the same kernels.  The forward saves q, k, v, O and LSE only
+(never S or P): the backward recomputes the probabilities from them, so the extra
+memory is O(N * d).
 
 Why ``custom_op`` and not ``torch.library.triton_op`` + ``wrap_triton`` (issue #15):
 a ``triton_op`` body is traced by torch.compile with fake tensors, so every kernel
