@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 TABLE = Path(__file__).resolve().parents[1] / "src" / "attnlab" / "kernels" / "sm90_dispatch.json"
-CONFIG = re.compile(r"sm90\[n(\d+),s(\d+),r(\d+)\]")
+CONFIG = re.compile(r"sm90\[n(\d+),s(\d+),r(\d+),(\w+)\]")
 
 
 def dispatch_entries(winners: list[dict]) -> list[dict]:
@@ -26,10 +26,11 @@ def dispatch_entries(winners: list[dict]) -> list[dict]:
     for row in winners:
         if row["winner"] != "sm90":
             continue
-        block_n, stages, regs = (int(x) for x in CONFIG.fullmatch(row["sm90_config"]).groups())
+        block_n, stages, regs, schedule = CONFIG.fullmatch(row["sm90_config"]).groups()
         entries.append({
             "head_dim": row["head_dim"], "causal": row["causal"], "bucket": row["bucket"],
-            "config": {"block_n": block_n, "stages": stages, "producer_regs": regs},
+            "config": {"block_n": int(block_n), "stages": int(stages),
+                       "producer_regs": int(regs), "schedule": schedule},
             "sm90_vs_triton": round(row["sm90_vs_triton"], 4),
             "measured_heads": row["heads"],
         })

@@ -15,6 +15,7 @@ TFLOP/s count 4·B·H·N²·d, halved when causal.  A config that fails accuracy
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -65,24 +66,29 @@ def accuracy_case(q, k, v, *, layout, causal, config=None) -> dict:
 
 
 def phase_accuracy(out_dir: str, quick: bool) -> int:
-    """A compact grid: head dims, masks, ragged lengths, GQA/MQA, both layouts and dtypes."""
+    """A compact grid: head dims, masks, ragged lengths, GQA/MQA, both layouts and dtypes,
+    for every schedule (at each head dim's default tiles)."""
     pairs = [(1, 1), (113, 203), (203, 113), (1023, 1024), (2000, 2000)]
     if not quick:
         pairs += [(1, 239), (239, 1), (128, 217)]
     rows, failures, i = [], 0, 0
-    for head_dim in sm90.SUPPORTED_HEAD_DIMS:
+    for head_dim, schedule in itertools.product(sm90.SUPPORTED_HEAD_DIMS, sm90.SCHEDULES):
+        base = sm90.DEFAULT_CONFIGS[head_dim]
+        config = sm90.Sm90Config(base.block_n, base.stages, base.producer_regs, schedule)
         for causal in (False, True):
             for (nq, nk) in pairs:
                 for heads in ((4, 4), (6, 2), (3, 1)):
                     i += 1
                     dtype = (torch.float16, torch.bfloat16)[i % 2]
                     layout = ("bshd", "bhsd")[(i // 2) % 2]
-                    case = {"head_dim": head_dim, "causal": causal, "seqlen_q": nq,
+                    case = {"head_dim": head_dim, "schedule": schedule, "causal": causal,
+                            "seqlen_q": nq,
                             "seqlen_k": nk, "heads": heads, "dtype": str(dtype),
                             "layout": layout}
                     try:
                         q, k, v = rand_qkv(2, *heads, nq, nk, head_dim, dtype, layout, seed=i)
-                        case.update(accuracy_case(q, k, v, layout=layout, causal=causal))
+                        case.update(accuracy_case(q, k, v, layout=layout, causal=causal,
+                                                  config=config))
                     except Exception as error:  # noqa: BLE001 - record it and go on
                         case.update(passed=False, exception=f"{type(error).__name__}: {error}"[:500])
                     rows.append(case)
@@ -97,16 +103,25 @@ def phase_accuracy(out_dir: str, quick: bool) -> int:
 
 
 def sweep_configs(head_dim: int, quick: bool) -> list[sm90.Sm90Config]:
+    """Today's dispatched (lockstep) config as the baseline, then the split and ping-pong
+    schedules over the tiles that fit (issue #17)."""
+    C = sm90.Sm90Config
     base = sm90.DEFAULT_CONFIGS[head_dim]
     if head_dim == 256:
-        candidates = [base, sm90.Sm90Config(64, 2, 40)]
+        candidates = [C(64, 2, 40), C(64, 2, 24, "pingpong"), C(64, 2, 40, "pingpong"),
+                      C(64, 2, 24, "split")]
     else:
-        candidates = [sm90.Sm90Config(bn, st) for bn in (128, 64) for st in (2, 3)]
-        candidates.append(sm90.Sm90Config(base.block_n, base.stages, 40))
+        candidates = [base, C(base.block_n, base.stages, 24, "split")]
+        candidates += [C(bn, st, 24, "pingpong") for bn in (128, 64) for st in (2, 3)]
     if quick:
-        candidates = candidates[:2]
+        candidates = candidates[:1] + [c for c in candidates if c.schedule == "pingpong"][:1]
     return [c for c in candidates if sm90.shared_memory_bytes(head_dim, c)
             <= sm90.SHARED_MEMORY_LIMIT]
+
+
+def config_name(config: sm90.Sm90Config) -> str:
+    return (f"sm90[n{config.block_n},s{config.stages},r{config.producer_regs},"
+            f"{config.schedule}]")
 
 
 def record_for(name, shape, timing, env, kernel_names=()):
@@ -137,10 +152,9 @@ def time_shape(shape: AttentionShape, configs, env, records, failed_configs) -> 
         key = (shape.head_dim, shape.causal, config)
         if key in failed_configs:
             continue
-        name = f"sm90[n{config.block_n},s{config.stages},r{config.producer_regs}]"
-        timed(name, lambda q, k, v, c=config: sm90.flash_forward_sm90(
+        timed(config_name(config), lambda q, k, v, c=config: sm90.flash_forward_sm90(
             q, k, v, layout="bshd", scale=scale, causal=shape.causal, config=c),
-            [(q, k, v)], kernel_names=["_attn_fwd_sm90_ws"])
+            [(q, k, v)], kernel_names=[sm90.kernel_name(config)])
     timed("attnlab_triton", lambda q, k, v: flash_forward(q, k, v, layout="bshd", scale=scale,
                                                           causal=shape.causal),
           [(q, k, v)], kernel_names=["_attn_fwd"])
@@ -232,21 +246,23 @@ def phase_sass(out_dir: str) -> None:
     folder = os.path.join(out_dir, "sm90_sass")
     os.makedirs(folder, exist_ok=True)
     summary = []
-    for cache in getattr(sm90._attn_fwd_sm90_ws, "device_caches", {}).values():
-        for i, (key, kernel) in enumerate(cache[0].items()):
-            try:
-                kernel._init_handles()
-                tag = f"variant{i}"
-                entry = {"tag": tag, "specialisation": str(key)[:600], "n_regs": kernel.n_regs,
-                         "n_spills": kernel.n_spills, "shared": kernel.metadata.shared,
-                         **sm90.overlap_evidence(kernel.asm)}
-                sass = sm90.disassemble(kernel.asm["cubin"])
-                if sass is not None and i < 4:
-                    with open(os.path.join(folder, f"{tag}.sass"), "w") as f:
-                        f.write(sass)
-                summary.append(entry)
-            except Exception as error:  # noqa: BLE001
-                summary.append({"tag": f"variant{i}", "error": str(error)[:300]})
+    compiled = [kernel for jit in (sm90._attn_fwd_sm90_ws, sm90._attn_fwd_sm90_pp)
+                for cache in getattr(jit, "device_caches", {}).values()
+                for kernel in cache[0].items()]
+    for i, (key, kernel) in enumerate(compiled):
+        try:
+            kernel._init_handles()
+            tag = f"variant{i}"
+            entry = {"tag": tag, "specialisation": str(key)[:600], "n_regs": kernel.n_regs,
+                     "n_spills": kernel.n_spills, "shared": kernel.metadata.shared,
+                     **sm90.overlap_evidence(kernel.asm)}
+            sass = sm90.disassemble(kernel.asm["cubin"])
+            if sass is not None and i < 4:
+                with open(os.path.join(folder, f"{tag}.sass"), "w") as f:
+                    f.write(sass)
+            summary.append(entry)
+        except Exception as error:  # noqa: BLE001
+            summary.append({"tag": f"variant{i}", "error": str(error)[:300]})
     with open(os.path.join(folder, "evidence.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
     for entry in summary[:6]:

@@ -58,9 +58,11 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 BLOCK_M = 128            # two consumer warpgroups x 64 query rows
 CONSUMER_WARPS = 8
+CONSUMER_REGS = 240      # per consumer thread once the producer's warpgroup gave its share
 # Hopper's register file: 64K 32-bit registers per SM, one CTA per SM here.
 REGISTER_FILE = 65536
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (227 KB)
+SCHEDULES = ("lockstep", "split", "pingpong")
 
 
 @gluon.jit
@@ -218,6 +220,264 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, 
                                         v_smem.index(stage))
 
 
+@gluon.jit
+def _turn_wait(turn, step, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Block until it is this warpgroup's turn to issue its GEMMs of ``step``.
+
+    Warpgroup 0 goes first: its wait on a fresh barrier (parity 1) passes at once; from
+    then on each warpgroup's arrive completes one phase of the other's barrier, so the
+    two strictly alternate and neither can run a phase ahead."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (step & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+
+
+@gluon.jit
+def _consume_tiles_wg(acc, p_op, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k_empty,
+                      v_ready, v_empty, turn, offs_m, tile_lo, tile_hi, n_tiles, seqlen_k,
+                      diag_offset, qk_scale, WG: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr,
+                      PINGPONG: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                      p_layout: gl.constexpr):
+    """One warpgroup's tiles [tile_lo, tile_hi), as ``_consume_tiles`` but with a turn:
+    its two GEMMs are issued back to back, then the other warpgroup issues its own while
+    this one runs the softmax (FA3's ping-pong, with mbarriers for named barriers)."""
+    dtype: gl.constexpr = q_wg.dtype
+    for tile in range(tile_lo, tile_hi):
+        stage = tile % STAGES
+        prev = (tile - 1) % STAGES
+        mbarrier.wait(v_ready.index(prev), ((tile - 1) // STAGES) & 1)
+        _turn_wait(turn, tile, WG, PINGPONG)
+        s = warpgroup_mma(q_wg, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        _turn_pass(turn, WG, PINGPONG)
+        s, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s, k_smem.index(stage)))
+        mbarrier.arrive(k_empty.index(stage), count=1)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, tile * BLOCK_N, seqlen_k,
+                                           diag_offset, qk_scale, BLOCK_N, IS_CAUSAL, MASKED,
+                                           s_layout)
+        # As in _consume_tiles: this wait keeps ptxas from hoisting wait_group 0.
+        nxt = tile + 1
+        mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_tiles)
+        acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_smem.index(prev)))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+    return acc, p_op, m_i, l_i
+
+
+@gluon.jit
+def _consumer_wg(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty, turn,
+                 O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k, diag_offset,
+                 n_tiles, qk_scale, WG: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    """One consumer warpgroup (its own partition): 64 query rows, both GEMMs, the epilogue."""
+    dtype: gl.constexpr = q_smem.dtype
+    ROWS: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_wg = q_smem.index(WG)
+
+    row0 = m_first + WG * ROWS
+    offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    # This warpgroup's own unmasked count: its first row is 64 later than the CTA's.
+    if IS_CAUSAL:
+        n_unmasked = gl.minimum(gl.maximum(row0 + diag_offset + 1, 0) // BLOCK_N,
+                                seqlen_k // BLOCK_N)
+    else:
+        n_unmasked = seqlen_k // BLOCK_N
+
+    mbarrier.wait(q_ready.index(WG), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    _turn_wait(turn, 0, WG, PINGPONG)
+    s = warpgroup_mma(q_wg, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False,
+                      is_async=True)
+    _turn_pass(turn, WG, PINGPONG)
+    s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_wg, k_smem.index(0)))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    if n_unmasked > 0:
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, 0, seqlen_k, diag_offset,
+                                           qk_scale, BLOCK_N, IS_CAUSAL, False, s_layout)
+    else:
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, 0, seqlen_k, diag_offset,
+                                           qk_scale, BLOCK_N, IS_CAUSAL, True, s_layout)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1, pred=n_tiles > 1)
+
+    split = gl.maximum(gl.minimum(n_unmasked, n_tiles), 1)
+    acc, p_op, m_i, l_i = _consume_tiles_wg(
+        acc, p_op, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+        turn, offs_m, 1, split, n_tiles, seqlen_k, diag_offset, qk_scale,
+        WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, s_layout, o_layout, p_layout)
+    acc, p_op, m_i, l_i = _consume_tiles_wg(
+        acc, p_op, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+        turn, offs_m, split, n_tiles, n_tiles, seqlen_k, diag_offset, qk_scale,
+        WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, s_layout, o_layout, p_layout)
+
+    last = (n_tiles - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+    _turn_wait(turn, n_tiles, WG, PINGPONG)
+    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    _turn_pass(turn, WG, PINGPONG)
+    acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_smem.index(last)))
+
+    has_keys = l_i > 0.0
+    l_safe = gl.where(has_keys, l_i, 1.0)
+    lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+    offs_mo = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_ptrs = (O + o_base + gl.expand_dims(offs_mo, 1).to(gl.int64) * stride_om
+              + gl.expand_dims(offs_d, 0))
+    gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(offs_mo, 1) < seqlen_q)
+    gl.store(LSE + lse_base + offs_m, lse, mask=offs_m < seqlen_q)
+
+
+@gluon.jit
+def _consumer_wg0(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty, turn,
+                  O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k,
+                  diag_offset, n_tiles, qk_scale, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    _consumer_wg(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty, turn,
+                 O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k, diag_offset,
+                 n_tiles, qk_scale, 0, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
+
+
+@gluon.jit
+def _consumer_wg1(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty, turn,
+                  O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k,
+                  diag_offset, n_tiles, qk_scale, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    _consumer_wg(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty, turn,
+                 O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k, diag_offset,
+                 n_tiles, qk_scale, 1, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
+
+
+@gluon.jit
+def _producer_wg(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
+                 v_ready, v_empty, m_first, n_tiles,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """As ``_producer``, with Q as two 64-row halves, one per consumer warpgroup."""
+    ROWS: gl.constexpr = q_smem.shape[1]
+    for half in gl.static_range(2):
+        mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [m_first + half * ROWS, 0], q_ready.index(half),
+                                        q_smem.index(half))
+    for tile in range(n_tiles):
+        stage = tile % STAGES
+        free_phase = ((tile // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(stage), free_phase)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [tile * BLOCK_N, 0], k_ready.index(stage),
+                                        k_smem.index(stage))
+        mbarrier.wait(v_empty.index(stage), free_phase)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [tile * BLOCK_N, 0], v_ready.index(stage),
+                                        v_smem.index(stage))
+
+
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k"])
+def _attn_fwd_sm90_pp(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    num_heads, group_size, seqlen_q, seqlen_k,
+    qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr,
+):
+    """Each consumer warpgroup in a partition of its own (the default partition is
+    warpgroup 0): Triton's partition-wide barriers then span 128 threads, not 256, so the
+    two warpgroups no longer run in lockstep and can take turns."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    ROWS: gl.constexpr = BLOCK_M // 2
+    pid_m = gl.program_id(0)
+    num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
+    start_m = (num_m_blocks - 1 - pid_m) if IS_CAUSAL else pid_m
+    off_bh = gl.program_id(1)
+    off_b = (off_bh // num_heads).to(gl.int64)
+    off_h = off_bh % num_heads
+    off_hk = (off_h // group_size).to(gl.int64)
+    off_h = off_h.to(gl.int64)
+
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_desc = tma.make_tensor_descriptor(Q + off_b * stride_qb + off_h * stride_qh,
+                                        shape=[seqlen_q, HEAD_DIM], strides=[stride_qm, 1],
+                                        block_shape=[ROWS, HEAD_DIM], layout=q_layout)
+    k_desc = tma.make_tensor_descriptor(K + off_b * stride_kb + off_hk * stride_kh,
+                                        shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+    v_desc = tma.make_tensor_descriptor(V + off_b * stride_vb + off_hk * stride_vh,
+                                        shape=[seqlen_k, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for half in gl.static_range(2):
+        mbarrier.init(q_ready.index(half), count=1)
+        mbarrier.init(turn.index(half), count=1)
+    for ring in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(ring), count=1)
+        mbarrier.init(k_empty.index(ring), count=2)  # released by both warpgroups
+        mbarrier.init(v_ready.index(ring), count=1)
+        mbarrier.init(v_empty.index(ring), count=2)
+
+    diag_offset = seqlen_k - seqlen_q
+    m_first = start_m * BLOCK_M
+    if IS_CAUSAL:
+        kv_hi = gl.minimum(m_first + BLOCK_M + diag_offset, seqlen_k)
+        n_tiles = gl.maximum(gl.cdiv(gl.maximum(kv_hi, 0), BLOCK_N), 1)
+    else:
+        n_tiles = gl.cdiv(seqlen_k, BLOCK_N)
+
+    o_base = off_b * stride_ob + off_h * stride_oh
+    lse_base = off_bh.to(gl.int64) * seqlen_q
+    gl.warp_specialize([
+        (_consumer_wg0, (q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
+                         turn, O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k,
+                         diag_offset, n_tiles, qk_scale, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+        (_consumer_wg1, (q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
+                         turn, O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k,
+                         diag_offset, n_tiles, qk_scale, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+        (_producer_wg, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready,
+                        k_empty, v_ready, v_empty, m_first, n_tiles, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+    for half in gl.static_range(2):
+        mbarrier.invalidate(q_ready.index(half))
+        mbarrier.invalidate(turn.index(half))
+    for ring in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(ring))
+        mbarrier.invalidate(k_empty.index(ring))
+        mbarrier.invalidate(v_ready.index(ring))
+        mbarrier.invalidate(v_empty.index(ring))
+
+
 # Lengths and head counts change per call; specialising on them would multiply compiles.
 @gluon.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k"])
 def _attn_fwd_sm90_ws(
@@ -321,8 +581,13 @@ class Sm90Config:
     block_n: int
     stages: int
     producer_regs: int = 24
+    # How the two consumer warpgroups run: "lockstep" (one 8-warp partition), "split"
+    # (a partition each) or "pingpong" (a partition each, taking turns at the GEMMs).
+    schedule: str = "lockstep"
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.block_n not in (64, 128):
             raise ValueError(f"block_n must be 64 or 128 (a power of two that wgmma's N and "
                              f"TMA's box take), got {self.block_n}")
@@ -452,16 +717,32 @@ def flash_forward_sm90(
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
     _set_allocator_once()
     grid = (triton.cdiv(seqlen_q, BLOCK_M), batch * num_heads)
-    _attn_fwd_sm90_ws[grid](
+    kernel, meta = _kernel_and_meta(config)
+    kernel[grid](
         q, k, v, out, lse,
         *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
         *_bhs_strides(out, layout),
         num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, STAGES=config.stages,
-        IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
-        num_warps=CONSUMER_WARPS, maxnreg=maxnreg(config),
+        IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs, **meta,
+        maxnreg=maxnreg(config),
     )
     return out, lse
+
+
+def kernel_name(config: Sm90Config) -> str:
+    """The name the profiler shows for a config's kernel."""
+    return _kernel_and_meta(config)[0].fn.__name__
+
+
+def _kernel_and_meta(config: Sm90Config):
+    """The kernel a schedule runs and its extra meta-parameters (num_warps = the default
+    partition's warps: both consumer warpgroups, or the first one)."""
+    if config.schedule == "lockstep":
+        return _attn_fwd_sm90_ws, {"num_warps": CONSUMER_WARPS}
+    return _attn_fwd_sm90_pp, {"num_warps": CONSUMER_WARPS // 2,
+                               "CONSUMER_REGS": CONSUMER_REGS,
+                               "PINGPONG": config.schedule == "pingpong"}
 
 
 @functools.cache
@@ -503,6 +784,7 @@ def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     config = config or DEFAULT_CONFIGS[head_dim]
+    kernel, meta = _kernel_and_meta(config)
     signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "O")}
     signature["LSE"] = "*fp32"
     for t, seq in (("q", "m"), ("k", "n"), ("v", "n"), ("o", "m")):
@@ -513,11 +795,11 @@ def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal:
     signature["qk_scale"] = "fp32"
     constants = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
                      STAGES=config.stages, IS_CAUSAL=causal,
-                     PRODUCER_REGS=config.producer_regs, num_warps=CONSUMER_WARPS)
+                     PRODUCER_REGS=config.producer_regs, **meta)
     signature.update({name: "constexpr" for name in constants})
-    source = GluonASTSource(_attn_fwd_sm90_ws, signature, constants)
+    source = GluonASTSource(kernel, signature, constants)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": CONSUMER_WARPS, "maxnreg": maxnreg(config)})
+                          options={"num_warps": meta["num_warps"], "maxnreg": maxnreg(config)})
 
 
 def _cuobjdump() -> str | None:
