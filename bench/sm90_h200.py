@@ -103,18 +103,18 @@ def phase_accuracy(out_dir: str, quick: bool) -> int:
 
 
 def sweep_configs(head_dim: int, quick: bool) -> list[sm90.Sm90Config]:
-    """Today's dispatched (lockstep) config as the baseline, then the split and ping-pong
-    schedules over the tiles that fit (issue #17)."""
+    """Both schedules over the tiles that measured best in session 3's first sweep
+    (bench/NOTES.md, attempt 11); a config that does not fit in shared memory is dropped."""
     C = sm90.Sm90Config
-    base = sm90.DEFAULT_CONFIGS[head_dim]
     if head_dim == 256:
-        candidates = [C(64, 2, 40), C(64, 2, 24, "pingpong"), C(64, 2, 40, "pingpong"),
-                      C(64, 2, 24, "split")]
+        candidates = [C(64, 2, 24, "split"), C(64, 2, 24, "pingpong")]
     else:
-        candidates = [base, C(base.block_n, base.stages, 24, "split")]
-        candidates += [C(bn, st, 24, "pingpong") for bn in (128, 64) for st in (2, 3)]
+        base = sm90.DEFAULT_CONFIGS[head_dim]
+        candidates = [C(base.block_n, base.stages, 24, "split"),
+                      C(base.block_n, base.stages, 24, "pingpong"),
+                      C(128, 5 - base.stages, 24, "split")]
     if quick:
-        candidates = candidates[:1] + [c for c in candidates if c.schedule == "pingpong"][:1]
+        candidates = candidates[:2]
     return [c for c in candidates if sm90.shared_memory_bytes(head_dim, c)
             <= sm90.SHARED_MEMORY_LIMIT]
 
@@ -186,10 +186,9 @@ def check_configs(configs, head_dim, causal, failed_configs, accuracy_rows):
 def phase_sweep(out_dir, env, quick, budget_s) -> list[tuple]:
     started = time.time()
     records, table, failed, accuracy_rows = [], [], set(), []
-    groups = [(128, 16, 16), (64, 16, 16)]
-    lengths = (1024, 4096, 16384)
-    plan = [(d, hq, hk, causal, n) for d, hq, hk in groups for causal in (False, True)
-            for n in lengths]
+    lengths = {128: (1024, 2048, 4096, 8192, 16384), 64: (1024, 4096, 16384)}
+    plan = [(d, 16, 16, causal, n) for d in (128, 64) for causal in (False, True)
+            for n in lengths[d]]
     plan += [(256, 24, 4, True, n) for n in (1024, 4096, 16384)]  # the GQA layer
     if quick:
         plan = [p for p in plan if p[4] == 4096]
@@ -246,8 +245,7 @@ def phase_sass(out_dir: str) -> None:
     folder = os.path.join(out_dir, "sm90_sass")
     os.makedirs(folder, exist_ok=True)
     summary = []
-    compiled = [kernel for jit in (sm90._attn_fwd_sm90_ws, sm90._attn_fwd_sm90_pp)
-                for cache in getattr(jit, "device_caches", {}).values()
+    compiled = [kernel for cache in getattr(sm90._attn_fwd_sm90, "device_caches", {}).values()
                 for kernel in cache[0].items()]
     for i, (key, kernel) in enumerate(compiled):
         try:

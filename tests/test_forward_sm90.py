@@ -26,6 +26,7 @@ from attnlab.accuracy import check_accuracy
 from attnlab.kernels.forward_sm90 import (
     BUILT_FOR_TRITON,
     DEFAULT_CONFIGS,
+    SCHEDULES,
     Sm90Config,
     flash_forward_sm90,
     refusal,
@@ -87,7 +88,8 @@ def test_launcher_refuses_with_a_value_error():
 
 
 @pytest.mark.parametrize("fields", [dict(block_n=176, stages=2), dict(block_n=128, stages=4),
-                                    dict(block_n=128, stages=2, producer_regs=20)])
+                                    dict(block_n=128, stages=2, producer_regs=20),
+                                    dict(block_n=128, stages=2, schedule="lockstep")])
 def test_configs_outside_the_compiled_space_are_rejected(fields):
     with pytest.raises(ValueError):
         Sm90Config(**fields)
@@ -111,12 +113,15 @@ def test_compiles_for_sm90_with_roles_and_overlap():
     evidence = json.loads(done.stdout.strip().splitlines()[-1])
     # The producer gives registers back, the consumers take them (setmaxnreg per role).
     assert ["dec", "24"] in evidence["setmaxnreg"] and ["inc", "240"] in evidence["setmaxnreg"]
-    # S_j is waited for while P_{j-1} V_{j-1} stays in flight, in both loop stages ...
-    assert evidence["wait_group_1"] == 2
+    # S_j is waited for while P_{j-1} V_{j-1} stays in flight, in both loop stages of
+    # both consumer warpgroups (one partition each) ...
+    assert evidence["wait_group_1"] == 4
+    # No barrier spans both consumer warpgroups (they would run in lockstep).
+    assert evidence["barrier_threads"] == [128]
     if "ex2_between_waits" not in evidence:
         pytest.skip("no cuobjdump to read the SASS")
     # ... and ptxas left the exponentials between the two waits (the overlap itself).
-    assert len(evidence["ex2_between_waits"]) == 2
+    assert len(evidence["ex2_between_waits"]) == 4
     assert min(evidence["ex2_between_waits"]) >= DEFAULT_CONFIGS[128].block_n // 2
     assert evidence["local_memory_ops"] == 0, "register spills"
 
@@ -141,19 +146,23 @@ def run_and_check(q, k, v, *, layout, causal, config=None):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_accuracy_grid(dtype, head_dim, causal):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_gpu_accuracy_grid(dtype, head_dim, causal, schedule):
+    base = DEFAULT_CONFIGS[head_dim]
+    config = Sm90Config(base.block_n, base.stages, base.producer_regs, schedule)
     for i, ((seqlen_q, seqlen_k), heads) in enumerate(itertools.product(SEQLEN_PAIRS, HEADS)):
         layout = ("bshd", "bhsd")[i % 2]
         q, k, v = make_qkv(2, *heads, seqlen_q, seqlen_k, head_dim, dtype, layout=layout, seed=i)
-        run_and_check(q, k, v, layout=layout, causal=causal)
+        run_and_check(q, k, v, layout=layout, causal=causal, config=config)
 
 
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize(("block_n", "stages"), [(64, 2), (64, 3), (128, 2), (128, 3)])
-def test_gpu_every_config_that_fits(head_dim, block_n, stages):
-    config = Sm90Config(block_n=block_n, stages=stages)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_gpu_every_config_that_fits(head_dim, block_n, stages, schedule):
+    config = Sm90Config(block_n=block_n, stages=stages, schedule=schedule)
     q, k, v = make_qkv(2, 6, 2, 1000, 1337, head_dim, torch.bfloat16, layout="bshd", seed=head_dim)
     if not supports(q, k, v, causal=True, config=config)[0]:
         pytest.skip(supports(q, k, v, causal=True, config=config)[1])
