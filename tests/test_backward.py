@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 import attnlab
-from attnlab.accuracy import check_gradients, reference_gradients
+from attnlab.accuracy import check_accuracy, check_gradients, reference_gradients
 from attnlab.kernels._primitives import _kv_band_bounds, _q_band_bounds
 from attnlab.kernels.autograd import attention_forward, flash_bwd_op, flash_fwd_op
 from attnlab.kernels.backward import flash_backward
@@ -515,3 +515,114 @@ def test_gpu_query_side_tensors_past_2_31_elements():
     query_rows = torch.cat([torch.arange(0, 64), torch.arange(seqlen_q - 4096, seqlen_q)]).cuda()
     ref_dq, ref_dk, ref_dv = _query_chunked_reference(q, k, v, dout, scale, query_rows)
     _assert_close_to(((dq[0, query_rows], ref_dq), (dk[0], ref_dk), (dv[0], ref_dv)))
+
+
+# ---------------------------------------------------------------------------
+# GPU: torch.compile sees the Triton kernels themselves (triton_op, issue #15).
+
+KERNEL_NAMES = ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq")
+
+
+def _compiled_and_eager(q, k, v, dout, **compile_options):
+    """(O, LSE, (dQ, dK, dV)) through ``torch.compile(fullgraph=True)`` (Inductor) and
+    eagerly, and the code Inductor generated for the forward and the backward."""
+    from torch._inductor.utils import run_and_get_code
+
+    def step(q, k, v):
+        return attention_forward(q, k, v, layout="bshd", scale=0.25, causal=True,
+                                 window=(-1, -1), softcap=0.0)
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = fn(*leaves)
+        out.backward(dout)
+        return out.detach(), lse.detach(), tuple(t.grad for t in leaves)
+
+    torch._dynamo.reset()
+    compiled, codes = run_and_get_code(run, torch.compile(step, fullgraph=True,
+                                                          **compile_options))
+    return compiled, run(step), "\n".join(codes)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_compile_inlines_the_triton_kernels():
+    q, k, v, dout = make_inputs(2, 4, 2, 96, 160, 64, torch.float16, seed=21)
+    (out, lse, grads), (eager_out, eager_lse, eager_grads), code = _compiled_and_eager(
+        q, k, v, dout)
+    for name in KERNEL_NAMES:
+        assert name in code, name
+    assert "attnlab.flash_fwd" not in code and "attnlab.flash_bwd" not in code
+    assert check_accuracy(out, lse, q, k, v, causal=True, scale=0.25, layout="bshd").passed
+    checks = check_gradients(grads, q, k, v, dout, causal=True, scale=0.25, layout="bshd")
+    assert all(c.passed for c in checks), checks
+    # The same kernels with the same tiles as the eager path: the same bits.
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+    assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads, strict=True))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_compile_with_dynamic_shapes_keeps_the_ops_opaque():
+    # Symbolic sizes cannot pick tiles, so the ops stay single nodes (as a custom_op).
+    q, k, v, dout = make_inputs(1, 2, 2, 80, 80, 32, torch.bfloat16, seed=22)
+    (out, lse, grads), (eager_out, eager_lse, eager_grads), code = _compiled_and_eager(
+        q, k, v, dout, dynamic=True)
+    assert "attnlab.flash_fwd" in code and "attnlab.flash_bwd" in code
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+    assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads, strict=True))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_ops_name_their_triton_kernels():
+    # AOTAutograd's cache key hashes these kernels' sources (found through wrap_triton).
+    from torch._library.triton import get_triton_kernels_for_op
+
+    def names(op):
+        return {kernel.fn.__name__ for kernel in get_triton_kernels_for_op(op)}
+
+    assert names("attnlab::flash_fwd") == {"_attn_fwd"}
+    assert names("attnlab::flash_bwd") == set(KERNEL_NAMES[1:])
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_compile_takes_the_triton_kernel_where_eager_takes_sm90():
+    # d = 256, causal, N = 4k: a bucket of the committed sm_90 table (eager runs the Gluon
+    # kernel there on an H200 with Triton 3.6); traced, the forward takes the Triton one.
+    from torch._inductor.utils import run_and_get_code
+
+    q, k, v, _ = make_inputs(1, 2, 2, 4096, 4096, 256, torch.bfloat16, seed=23)
+    options = dict(layout="bshd", scale=0.0625, causal=True, window=(-1, -1), softcap=0.0)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: attention_forward(q, k, v, **options),
+                             fullgraph=True)
+    (out, lse), codes = run_and_get_code(compiled, q, k, v)
+    code = "\n".join(codes)
+    assert "_attn_fwd" in code and "attnlab.flash_fwd" not in code
+    assert check_accuracy(out, lse, q, k, v, causal=True, scale=0.0625, layout="bshd").passed
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("layout", ["bhsd", "thd"])
+def test_gpu_triton_ops_pass_opcheck(layout):
+    # opcheck's static AOT test traces the decomposition (wrap_triton launches), its
+    # dynamic one the opaque op; the bshd case is test_custom_ops_pass_opcheck above.
+    q, k, v, dout = make_inputs(2, 4, 2, 24, 40, 32, torch.bfloat16, layout="bhsd", seed=24)
+    varlen = (None, None, None, None)
+    if layout == "thd":
+        q, dout = (t.transpose(1, 2).reshape(48, 4, 32) for t in (q, dout))
+        k, v = (t.transpose(1, 2).reshape(80, 2, 32) for t in (k, v))
+        cu_q = torch.tensor([0, 17, 48], dtype=torch.int32, device="cuda")
+        cu_k = torch.tensor([0, 30, 80], dtype=torch.int32, device="cuda")
+        varlen = (cu_q, cu_k, 31, 50)
+    options = (layout, 0.25, True, 9, -1, 0.0, False, *varlen)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(flash_fwd_op, (q, k, v, *options))
+    out, lse = flash_fwd_op(q, k, v, *options)
+    dlse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(2)).cuda()
+    for grad_lse in (None, dlse):
+        torch.library.opcheck(flash_bwd_op, (dout, grad_lse, q.detach(), k.detach(), v.detach(),
+                                             out.detach(), lse.detach(), *options))

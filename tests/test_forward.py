@@ -16,6 +16,7 @@ import torch
 
 from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.accuracy import check_accuracy
+from attnlab.kernels._primitives import launch_is_traced
 from attnlab.kernels.configs import ForwardConfig
 from attnlab.kernels.forward import flash_forward, kernel_is_interpreted
 
@@ -125,6 +126,20 @@ def test_non_contiguous_inputs_with_unit_last_stride():
     q, k, v = packed.unbind(2)
     assert not q.is_contiguous() and q.stride(-1) == 1
     run_and_check(q, k, v, causal=True)
+
+
+def test_only_tensors_without_data_make_a_launch_traced():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    real = torch.ones(2, 3)
+    assert not launch_is_traced(real)
+    assert not launch_is_traced(torch.nn.Parameter(real))
+    with FakeTensorMode() as fake_mode:
+        fake = fake_mode.from_tensor(real)
+        assert launch_is_traced(fake)
+        with FunctionalTensorMode():
+            assert launch_is_traced(FunctionalTensor.to_functional(fake))
 
 
 # ---------------------------------------------------------------------------

@@ -5,8 +5,11 @@ kernel file holds only its own loop and launcher.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from triton.runtime.jit import JITFunction
 
 # exp(x) = exp2(x * log2(e)): the kernel works in base 2 (one MUFU.EX2 per score) and
@@ -77,14 +80,28 @@ def _online_softmax_step(qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset,
     return p, alpha, m_new, l_i
 
 
+# TRITON_INTERPRET=1 at import makes every @triton.jit an InterpretedFunction.
+INTERPRETED = not isinstance(_mma, JITFunction)
+
+
 def kernel_is_interpreted() -> bool:
     """True when Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1 at import);
     RuntimeError when this Triton's interpreter cannot run beside this NumPy."""
-    interpreted = not isinstance(_mma, JITFunction)
-    conflict = _interpreter_numpy_conflict() if interpreted else None
+    conflict = _interpreter_numpy_conflict() if INTERPRETED else None
     if conflict:
         raise RuntimeError(conflict)
-    return interpreted
+    return INTERPRETED
+
+
+def launch_is_traced(t: torch.Tensor) -> bool:
+    """True when torch traces a launcher instead of running it: Dynamo, or tensors without
+    data of their own (fake ones, functional wrappers), as the ops' decomposition for
+    Inductor passes them.  Such a call must launch through ``torch.library.wrap_triton``;
+    a real call launches directly: outside a ``triton_op`` body ``wrap_triton`` sends
+    every launch through its HOP dispatcher, ~0.2 ms a forward on the H200."""
+    if type(t) is torch.Tensor:
+        return torch.compiler.is_compiling()
+    return isinstance(t, FakeTensor | FunctionalTensor) or torch.compiler.is_compiling()
 
 
 def _interpreter_numpy_conflict() -> str | None:

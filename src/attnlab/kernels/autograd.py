@@ -1,26 +1,27 @@
 """Autograd glue for the Triton kernels: the custom ops and the differentiable entry point.
 
-``attnlab::flash_fwd`` and ``attnlab::flash_bwd`` are ``torch.library`` custom ops:
-``torch.compile(fullgraph=True)`` sees each as one opaque node, and
-``register_autograd`` connects them.  Eager training runs the same two bodies
-through a plain ``torch.autograd.Function`` (the op dispatcher's host cost is as long
-as the GPU's work at short sequences, see :func:`attention_forward`), so compiled and
-eager training take the same kernels.  The forward saves q, k, v, O and LSE only
-(never S or P): the backward recomputes the probabilities from them, so the extra
-memory is O(N * d).
-
-Why ``custom_op`` and not ``torch.library.triton_op`` + ``wrap_triton`` (issue #15):
-a ``triton_op`` body is traced by torch.compile with fake tensors, so every kernel
-launch inside it (the forward launcher's too) must go through ``wrap_triton``; under
-Triton's CPU interpreter (``TRITON_INTERPRET=1``, the test suite's mode)
-``wrap_triton`` hands the interpreted kernel back unwrapped, and tracing it with fake
-tensors fails.  ``custom_op`` works the same on the CPU interpreter and on the GPU.
+``attnlab::flash_fwd`` and ``attnlab::flash_bwd`` are ``torch.library.triton_op``s
+(issue #15), connected by ``register_autograd``.  Under ``torch.compile`` with compiled
+kernels and static shapes each op decomposes into its launcher's ``wrap_triton``
+launches, so Inductor compiles the Triton kernels themselves into its graph; the
+forward's Gluon sm_90 kernel cannot be traced, so there the forward takes the Triton
+kernel (``attnlab.kernels.forward._gluon_sm90_choice``).  Under Triton's CPU
+interpreter (``TRITON_INTERPRET=1``, the test suite's mode) and with symbolic sizes
+(dynamic shapes) each op stays one opaque node with an explicit shape function
+(:func:`_decompose_only_where_capturable`), whose body runs the same kernels as an
+eager call.  Eager training runs the same two bodies through a plain
+``torch.autograd.Function`` (the op dispatcher's host cost is as long as the GPU's
+work at short sequences, see :func:`attention_forward`).  The forward saves q, k, v,
+O and LSE only (never S or P): the backward recomputes the probabilities from them, so
+the extra memory is O(N * d).
 """
 
 from __future__ import annotations
 
 import torch
+from torch._subclasses.functional_tensor import FunctionalTensorMode
 
+from attnlab.kernels._primitives import INTERPRETED
 from attnlab.kernels.backward import flash_backward
 from attnlab.kernels.forward import flash_forward
 
@@ -35,6 +36,36 @@ def _varlen_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> d
         return {}
     return {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
             "max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k}
+
+
+def _has_symbolic_sizes(values) -> bool:
+    return any(isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool)
+               for value in values
+               for x in ((*value.shape, *value.stride()) if isinstance(value, torch.Tensor)
+                         else (value,)))
+
+
+def _decompose_only_where_capturable(op, fake) -> None:
+    """Keep ``op`` one opaque node (``fake`` its shape function) where its launches cannot
+    be captured into a graph; elsewhere keep triton_op's decomposition for Inductor.
+
+    triton_op registers its body as the fake impl and runs it under FunctionalTensorMode
+    so that each ``wrap_triton`` launch becomes a graph node.  Two cases cannot be traced
+    that way: interpreted kernels, which ``wrap_triton`` hands back unwrapped, so the
+    interpreter would run on fake tensors; and symbolic sizes, from which the launchers
+    cannot choose tiles (``AttentionShape`` and the config tables take ints).  There the
+    mode dispatches the op itself, as triton_op does when export disables decomposition.
+    """
+    op.register_fake(fake)
+    # triton_op's own rule (a private attribute, there in torch 2.11 and 2.13 alike).
+    decompose = op._torch_dispatch_fns[FunctionalTensorMode]
+
+    def functional(mode, func, types, args, kwargs):
+        if INTERPRETED or _has_symbolic_sizes((*args, *kwargs.values())):
+            return mode.__torch_dispatch__(func, types, args, kwargs)
+        return decompose(mode, func, types, args, kwargs)
+
+    op.register_torch_dispatch(FunctionalTensorMode, functional)
 
 
 def _lse_shape(q: torch.Tensor, layout: str) -> tuple[int, ...]:
@@ -56,14 +87,16 @@ def _flash_fwd(
                          **_varlen_options(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
 
 
-flash_fwd_op = torch.library.custom_op("attnlab::flash_fwd", mutates_args=())(_flash_fwd)
+flash_fwd_op = torch.library.triton_op("attnlab::flash_fwd", mutates_args=())(_flash_fwd)
 
 
-@flash_fwd_op.register_fake
-def _(q, k, v, layout, scale, causal, window_left, window_right, softcap, deterministic,
-      cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+def _flash_fwd_fake(q, k, v, layout, scale, causal, window_left, window_right, softcap,
+                    deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty(_lse_shape(q, layout), dtype=torch.float32))
+
+
+_decompose_only_where_capturable(flash_fwd_op, _flash_fwd_fake)
 
 
 def _flash_bwd(
@@ -80,13 +113,16 @@ def _flash_bwd(
                                             max_seqlen_k))
 
 
-flash_bwd_op = torch.library.custom_op("attnlab::flash_bwd", mutates_args=())(_flash_bwd)
+flash_bwd_op = torch.library.triton_op("attnlab::flash_bwd", mutates_args=())(_flash_bwd)
 
 
-@flash_bwd_op.register_fake
-def _(dout, dlse, q, k, v, out, lse, layout, scale, causal, window_left, window_right, softcap,
-      deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+def _flash_bwd_fake(dout, dlse, q, k, v, out, lse, layout, scale, causal, window_left,
+                    window_right, softcap, deterministic, cu_seqlens_q, cu_seqlens_k,
+                    max_seqlen_q, max_seqlen_k):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+_decompose_only_where_capturable(flash_bwd_op, _flash_bwd_fake)
 
 
 _OPTION_NAMES = ("layout", "scale", "causal", "window_left", "window_right", "softcap",

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
 from attnlab.kernels._primitives import (
     LOG2E,
@@ -43,6 +44,7 @@ from attnlab.kernels._primitives import (
     _q_band_bounds,
     _softcap_tanh,
     kernel_is_interpreted,
+    launch_is_traced,
 )
 from attnlab.kernels.configs import BackwardConfig, backward_config, head_dim_padded
 from attnlab.masking import effective_window
@@ -185,6 +187,9 @@ def _attn_bwd_dkdv(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     IS_VARLEN: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
+    # fp32 scalars whoever launches (Inductor passes fp64), as in forward._attn_fwd.
+    qk_scale, softcap_log2 = tl.cast(qk_scale, tl.float32), tl.cast(softcap_log2, tl.float32)
+    softcap_inv, scale = tl.cast(softcap_inv, tl.float32), tl.cast(scale, tl.float32)
     # Causal: the first key blocks are seen by the most queries and start first.
     start_n = tl.program_id(0) % num_n_blocks * BLOCK_N
     off_bh = tl.program_id(0) // num_n_blocks
@@ -326,6 +331,9 @@ def _attn_bwd_dq(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     IS_VARLEN: tl.constexpr, REVERSE_M: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
+    # fp32 scalars whoever launches (Inductor passes fp64), as in forward._attn_fwd.
+    qk_scale, softcap_log2 = tl.cast(qk_scale, tl.float32), tl.cast(softcap_log2, tl.float32)
+    softcap_inv, scale = tl.cast(softcap_inv, tl.float32), tl.cast(scale, tl.float32)
     pid_m = tl.program_id(0) % num_m_blocks
     off_bh = tl.program_id(0) // num_m_blocks
     off_b = off_bh // num_heads
@@ -530,8 +538,15 @@ def flash_backward(
     scalars = (max(window_left, 0), max(window_right, 0),
                scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0, scale)
 
+    # Through wrap_triton only when traced, as in attnlab.kernels.forward.flash_forward.
+    if launch_is_traced(q):
+        preprocess, dkdv_kernel, dq_kernel = (wrap_triton(_attn_bwd_preprocess),
+                                              wrap_triton(_attn_bwd_dkdv),
+                                              wrap_triton(_attn_bwd_dq))
+    else:
+        preprocess, dkdv_kernel, dq_kernel = _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq
     q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
-    _attn_bwd_preprocess[(q_blocks * batch * num_heads,)](
+    preprocess[(q_blocks * batch * num_heads,)](
         out, dout, dlse if dlse is not None else lse, delta, cu_q,
         *_bhs_strides(out, layout), *_bhs_strides(dout, layout), *stat_strides,
         num_heads, seqlen_q, q_blocks,
@@ -540,7 +555,7 @@ def flash_backward(
     )
     group_size = num_heads // num_kv_heads
     kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
-    _attn_bwd_dkdv[(kv_blocks * batch * num_kv_heads,)](
+    dkdv_kernel[(kv_blocks * batch * num_kv_heads,)](
         q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
         *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
         *_bhs_strides(dout, layout), *_bhs_strides(dk, layout), *_bhs_strides(dv, layout),
@@ -550,7 +565,7 @@ def flash_backward(
         BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    _attn_bwd_dq[(q_blocks * batch * num_heads,)](
+    dq_kernel[(q_blocks * batch * num_heads,)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
         *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
         *_bhs_strides(dout, layout), *_bhs_strides(dq, layout), *stat_strides,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
 from attnlab.kernels._primitives import (
     LOG2E,
@@ -35,6 +36,7 @@ from attnlab.kernels._primitives import (
     _mma,
     _online_softmax_step,
     kernel_is_interpreted,
+    launch_is_traced,
 )
 from attnlab.kernels.configs import (
     GLUON_SM90_TRITON_VERSIONS,
@@ -107,6 +109,11 @@ def _attn_fwd(
     pid = tl.program_id(0)
     pid_m = pid % num_m_blocks
     off_bh = pid // num_m_blocks
+    # Inductor passes Python floats as fp64 (torch.compile of attnlab::flash_fwd), a direct
+    # launch as fp32; fp32 here keeps the softmax state fp32 and both results bit-equal.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    softcap_log2 = tl.cast(softcap_log2, tl.float32)
+    softcap_inv = tl.cast(softcap_inv, tl.float32)
     # Scalar base offsets (batch, head, first token) are int64 always: one multiply
     # per program.  The per-row vector offsets (row * row stride) stay int32 unless
     # the launcher found that they can pass 2^31 (``OFFSETS_64``, see
@@ -236,7 +243,11 @@ def _gluon_sm90_choice(q, k, v, *, layout, causal, window, softcap):
     """The Gluon sm_90 kernel's config where its committed dispatch table says it measured
     faster (bench/sm90_dispatch_table.py), else None.  Its module imports Gluon, whose API
     changes between Triton releases, so it is imported only on the versions it was checked on."""
-    if not q.is_cuda or triton.__version__ not in GLUON_SM90_TRITON_VERSIONS:
+    # A traced call (``launch_is_traced``: torch.compile decomposing attnlab::flash_fwd for
+    # Inductor) takes the Triton kernel: the Gluon kernel builds TMA descriptors from
+    # data_ptr(), which fake tensors do not have, and no graph can hold its launch.
+    if (not q.is_cuda or launch_is_traced(q)
+            or triton.__version__ not in GLUON_SM90_TRITON_VERSIONS):
         return None
     from attnlab.kernels.forward_sm90 import dispatch_config
 
@@ -322,7 +333,9 @@ def flash_forward(
                for s in (k_strides, v_strides)))
     num_m_blocks = triton.cdiv(seqlen_q, config.block_m)
     grid = (num_m_blocks * batch * num_heads,)
-    _attn_fwd[grid](
+    # Traced, the launch must be a graph node (wrap_triton's HOP) for Inductor to compile;
+    # a real call skips that HOP's dispatch, which wrap_triton adds for direct callers.
+    (wrap_triton(_attn_fwd) if launch_is_traced(q) else _attn_fwd)[grid](
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *stride_lse,
         num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_m_blocks,
