@@ -261,6 +261,8 @@ def main() -> int:
     parser.add_argument("--tune-budget", type=float, default=200.0)
     parser.add_argument("--bench-budget", type=float, default=240.0)
     parser.add_argument("--flex", action="store_true")
+    parser.add_argument("--groups", default="d128,d64,gqa_d256",
+                        help="the bench phase's shape groups (comma-separated)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     env = environment(COMMAND)
@@ -292,7 +294,9 @@ def main() -> int:
                    "gqa_d256": [1024, 4096, 16384, 32768]}
         flex_lengths = {"d128": [1024, 4096, 16384], "d64": [4096], "gqa_d256": [4096, 16384]} \
             if args.flex else {}
-        table = phase_bench(args.out, seqlens, flex_lengths, args.bench_budget, env)
+        groups = args.groups.split(",")
+        table = phase_bench(args.out, {g: n for g, n in seqlens.items() if g in groups},
+                            flex_lengths, args.bench_budget, env)
 
     print("\nTFLOP/s (bf16)                      attnlab / cudnn / flash / flex   vs cudnn  vs best")
     for group, causal, seqlen, row in table:

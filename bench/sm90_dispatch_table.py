@@ -7,7 +7,16 @@ run's environment, to ``src/attnlab/kernels/sm90_dispatch.json``, which
 ``attnlab.kernels.forward_sm90.dispatch_config`` reads.  Nothing in the table is typed
 by hand:
 
-    python3 bench/sm90_dispatch_table.py OUT/sm90_winners.json
+    python3 bench/sm90_dispatch_table.py OUT/sm90_winners.json \
+        [--public OUT/prefill_forward.jsonl --baseline bench/results/prefill_forward.jsonl]
+
+The sweep times the launchers.  A user's eager call also pays the public path's host
+time, which is larger on the Gluon path (session 3 run 4: ~0.4 ms per call at d = 128,
+where the Triton path stays under its kernel time).  With ``--public`` (the public-path
+records of a run made with the kernel-time table in force, ``bench/forward_h200.py
+--phases bench``) and ``--baseline`` (the public-path records before it), a bucket
+whose public-path TFLOP/s fell below the baseline's at the same shape is left to the
+Triton kernel, and the table lists it under ``dropped`` with both numbers.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import re
 from pathlib import Path
 
 TABLE = Path(__file__).resolve().parents[1] / "src" / "attnlab" / "kernels" / "sm90_dispatch.json"
-CONFIG = re.compile(r"sm90\[n(\d+),s(\d+),r(\d+),(\w+)\]")
+CONFIG = re.compile(r"sm90\[n(\d+),s(\d+),r(\d+),(\w+)(,persistent)?\]")
 
 
 def dispatch_entries(winners: list[dict]) -> list[dict]:
@@ -26,26 +35,84 @@ def dispatch_entries(winners: list[dict]) -> list[dict]:
     for row in winners:
         if row["winner"] != "sm90":
             continue
-        block_n, stages, regs, schedule = CONFIG.fullmatch(row["sm90_config"]).groups()
+        block_n, stages, regs, schedule, persistent = CONFIG.fullmatch(
+            row["sm90_config"]).groups()
         entries.append({
             "head_dim": row["head_dim"], "causal": row["causal"], "bucket": row["bucket"],
             "config": {"block_n": int(block_n), "stages": int(stages),
-                       "producer_regs": int(regs), "schedule": schedule},
+                       "producer_regs": int(regs), "schedule": schedule,
+                       "persistent": persistent is not None},
             "sm90_vs_triton": round(row["sm90_vs_triton"], 4),
             "measured_heads": row["heads"],
         })
     return entries
 
 
+def _public_rows(path: Path) -> dict[tuple, dict]:
+    """attnlab's prefill records by exact shape."""
+    rows = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("provider") == "attnlab" and record.get("phase") == "prefill":
+            rows[json.dumps(record["shape"], sort_keys=True)] = record
+    return rows
+
+
+def public_path_drops(entries: list[dict], public: Path, baseline: Path,
+                      bucket_of) -> tuple[list[dict], list[dict]]:
+    """(entries kept, entries dropped): an entry is dropped when a public-path record of
+    its bucket that ran the Gluon kernel is slower than the baseline record at that shape."""
+    new, old = _public_rows(public), _public_rows(baseline)
+    kept, dropped = [], []
+    for entry in entries:
+        verdicts = []
+        for key, record in new.items():
+            shape = record["shape"]
+            if (shape["head_dim"], shape["causal"], bucket_of(shape["seqlen_q"])) != (
+                    entry["head_dim"], entry["causal"], entry["bucket"]):
+                continue
+            if not any("sm90" in name for name in record.get("kernel_names", ())):
+                continue
+            if key in old:
+                verdicts.append((record["tflops"], old[key]["tflops"], shape))
+        slower = [(n, o, s) for n, o, s in verdicts if n < o]
+        if slower:
+            n, o, shape = slower[0]
+            dropped.append({**entry, "public_tflops": round(n, 1),
+                            "baseline_public_tflops": round(o, 1),
+                            "shape": {k: shape[k] for k in ("batch", "query_heads", "kv_heads",
+                                                            "seqlen_q")}})
+        else:
+            kept.append(entry)
+    return kept, dropped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("winners", type=Path, help="sm90_winners.json from bench/sm90_h200.py")
     parser.add_argument("--out", type=Path, default=TABLE)
+    parser.add_argument("--public", type=Path,
+                        help="public-path records measured with the kernel-time table")
+    parser.add_argument("--baseline", type=Path, help="public-path records before it")
     args = parser.parse_args()
+    if (args.public is None) != (args.baseline is None):
+        parser.error("--public and --baseline go together")
     measured = json.loads(args.winners.read_text())
-    table = {"source": measured["env"], "entries": dispatch_entries(measured["winners"])}
+    entries, dropped = dispatch_entries(measured["winners"]), []
+    if args.public is not None:
+        import sys
+        sys.path.insert(0, str(TABLE.parents[2]))
+        from attnlab.kernels.configs import length_bucket
+        entries, dropped = public_path_drops(entries, args.public, args.baseline, length_bucket)
+    table = {"source": measured["env"], "entries": entries}
+    if dropped:
+        table["dropped"] = dropped
     args.out.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"{len(table['entries'])} buckets dispatch to the Gluon sm_90 kernel -> {args.out}")
+    print(f"{len(entries)} buckets dispatch to the Gluon sm_90 kernel -> {args.out}")
+    for entry in dropped:
+        print(f"  left to the Triton kernel: d={entry['head_dim']} causal={entry['causal']} "
+              f"bucket {entry['bucket']}: public path {entry['public_tflops']} < "
+              f"{entry['baseline_public_tflops']} TFLOP/s before")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import torch
 
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels import forward_sm90 as sm90
-from attnlab.kernels.configs import length_bucket
+from attnlab.kernels.configs import forward_config, length_bucket
 from attnlab.kernels.forward import flash_forward
 from attnlab.measure.providers import prepare, provider
 from attnlab.measure.records import environment, make_record, upsert_records
@@ -72,21 +72,28 @@ def phase_accuracy(out_dir: str, quick: bool) -> int:
     if not quick:
         pairs += [(1, 239), (239, 1), (128, 217)]
     rows, failures, i = [], 0, 0
-    for head_dim, schedule in itertools.product(sm90.SUPPORTED_HEAD_DIMS, sm90.SCHEDULES):
+    # A persistent program walks several blocks only when there are more blocks than SMs:
+    # batch 16 makes that so for the longer pairs.
+    for head_dim, schedule, persistent in itertools.product(
+            sm90.SUPPORTED_HEAD_DIMS, sm90.SCHEDULES, (False, True)):
         base = sm90.DEFAULT_CONFIGS[head_dim]
-        config = sm90.Sm90Config(base.block_n, base.stages, base.producer_regs, schedule)
+        config = sm90.Sm90Config(base.block_n, base.stages, base.producer_regs, schedule,
+                                 persistent)
+        batch = 16 if persistent else 2
         for causal in (False, True):
             for (nq, nk) in pairs:
                 for heads in ((4, 4), (6, 2), (3, 1)):
                     i += 1
                     dtype = (torch.float16, torch.bfloat16)[i % 2]
                     layout = ("bshd", "bhsd")[(i // 2) % 2]
-                    case = {"head_dim": head_dim, "schedule": schedule, "causal": causal,
+                    case = {"head_dim": head_dim, "schedule": schedule,
+                            "persistent": persistent, "batch": batch, "causal": causal,
                             "seqlen_q": nq,
                             "seqlen_k": nk, "heads": heads, "dtype": str(dtype),
                             "layout": layout}
                     try:
-                        q, k, v = rand_qkv(2, *heads, nq, nk, head_dim, dtype, layout, seed=i)
+                        q, k, v = rand_qkv(batch, *heads, nq, nk, head_dim, dtype, layout,
+                                           seed=i)
                         case.update(accuracy_case(q, k, v, layout=layout, causal=causal,
                                                   config=config))
                     except Exception as error:  # noqa: BLE001 - record it and go on
@@ -103,25 +110,20 @@ def phase_accuracy(out_dir: str, quick: bool) -> int:
 
 
 def sweep_configs(head_dim: int, quick: bool) -> list[sm90.Sm90Config]:
-    """Both schedules over the tiles that measured best in session 3's first sweep
-    (bench/NOTES.md, attempt 11); a config that does not fit in shared memory is dropped."""
-    C = sm90.Sm90Config
-    if head_dim == 256:
-        candidates = [C(64, 2, 24, "split"), C(64, 2, 24, "pingpong")]
-    else:
-        base = sm90.DEFAULT_CONFIGS[head_dim]
-        candidates = [C(base.block_n, base.stages, 24, "split"),
-                      C(base.block_n, base.stages, 24, "pingpong"),
-                      C(128, 5 - base.stages, 24, "split")]
+    """Both schedules, one program per block or persistent, at each head dim's default
+    tiles (the best of session 3's first sweep, bench/NOTES.md attempt 11: the other
+    stage count was within 2% where it fit)."""
+    base = sm90.DEFAULT_CONFIGS[head_dim]
+    candidates = [sm90.Sm90Config(base.block_n, base.stages, 24, schedule, persistent)
+                  for persistent in (False, True) for schedule in sm90.SCHEDULES]
     if quick:
         candidates = candidates[:2]
-    return [c for c in candidates if sm90.shared_memory_bytes(head_dim, c)
-            <= sm90.SHARED_MEMORY_LIMIT]
+    return candidates
 
 
 def config_name(config: sm90.Sm90Config) -> str:
     return (f"sm90[n{config.block_n},s{config.stages},r{config.producer_regs},"
-            f"{config.schedule}]")
+            f"{config.schedule}{',persistent' if config.persistent else ''}]")
 
 
 def record_for(name, shape, timing, env, kernel_names=()):
@@ -155,8 +157,11 @@ def time_shape(shape: AttentionShape, configs, env, records, failed_configs) -> 
         timed(config_name(config), lambda q, k, v, c=config: sm90.flash_forward_sm90(
             q, k, v, layout="bshd", scale=scale, causal=shape.causal, config=c),
             [(q, k, v)], kernel_names=[sm90.kernel_name(config)])
+    # An explicit config keeps flash_forward on the Triton kernel (no Gluon dispatch).
+    triton_config = forward_config(shape)
     timed("attnlab_triton", lambda q, k, v: flash_forward(q, k, v, layout="bshd", scale=scale,
-                                                          causal=shape.causal),
+                                                          causal=shape.causal,
+                                                          config=triton_config),
           [(q, k, v)], kernel_names=["_attn_fwd"])
     try:
         cudnn = prepare(provider("sdpa_cudnn"), shape, "prefill", "cuda")
@@ -168,10 +173,11 @@ def time_shape(shape: AttentionShape, configs, env, records, failed_configs) -> 
 
 
 def check_configs(configs, head_dim, causal, failed_configs, accuracy_rows):
-    """Each config once on a ragged GQA shape before it is timed."""
+    """Each config once on a ragged GQA shape before it is timed (768 query blocks: a
+    persistent program walks ~6 of them)."""
     for config in configs:
         try:
-            q, k, v = rand_qkv(1, 6, 2, 1000, 1337, head_dim, torch.bfloat16, "bshd",
+            q, k, v = rand_qkv(16, 6, 2, 1000, 1337, head_dim, torch.bfloat16, "bshd",
                                seed=head_dim)
             case = accuracy_case(q, k, v, layout="bshd", causal=causal, config=config)
         except Exception as error:  # noqa: BLE001
@@ -183,13 +189,14 @@ def check_configs(configs, head_dim, causal, failed_configs, accuracy_rows):
             print("CONFIG FAILS ACCURACY, not timed:", json.dumps(case), flush=True)
 
 
-def phase_sweep(out_dir, env, quick, budget_s) -> list[tuple]:
+def phase_sweep(out_dir, env, quick, budget_s, head_dims) -> list[tuple]:
     started = time.time()
     records, table, failed, accuracy_rows = [], [], set(), []
     lengths = {128: (1024, 2048, 4096, 8192, 16384), 64: (1024, 4096, 16384)}
     plan = [(d, 16, 16, causal, n) for d in (128, 64) for causal in (False, True)
             for n in lengths[d]]
     plan += [(256, 24, 4, True, n) for n in (1024, 4096, 16384)]  # the GQA layer
+    plan = [p for p in plan if p[0] in head_dims]
     if quick:
         plan = [p for p in plan if p[4] == 4096]
     checked = set()
@@ -274,6 +281,10 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--quick", action="store_true", help="N=4k only, two configs per d")
     parser.add_argument("--sweep-budget", type=float, default=170.0)
+    parser.add_argument("--phases", default="accuracy,sweep",
+                        help="comma-separated: accuracy (the grid), sweep (timing + winners)")
+    parser.add_argument("--head-dims", default="128,64,256",
+                        help="head dims the sweep times (256 = the GQA layer)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     env = environment(COMMAND)
@@ -287,9 +298,12 @@ def main() -> int:
         print(f"the sm90 kernel does not run here: {reason}", flush=True)
         return 0
     started = time.time()
-    failures = phase_accuracy(args.out, args.quick)
+    phases = args.phases.split(",")
+    failures = phase_accuracy(args.out, args.quick) if "accuracy" in phases else 0
     print(f"accuracy phase: {time.time() - started:.0f} s", flush=True)
-    table = phase_sweep(args.out, env, args.quick, args.sweep_budget)
+    head_dims = [int(d) for d in args.head_dims.split(",")]
+    table = (phase_sweep(args.out, env, args.quick, args.sweep_budget, head_dims)
+             if "sweep" in phases else [])
     table_rows = winners(table)
     with open(os.path.join(args.out, "sm90_winners.json"), "w") as f:
         json.dump({"env": env, "winners": table_rows}, f, indent=1)

@@ -8,6 +8,7 @@ The GPU tests repeat tests/test_forward.py's grid on the covered head dims and m
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -172,6 +173,23 @@ def test_gpu_every_config_that_fits(head_dim, block_n, stages, schedule):
 
 @pytest.mark.gpu
 @sm90
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_persistent_programs_walk_many_blocks(schedule, causal):
+    # 16 x 6 heads x 8 query blocks = 768 blocks for 132 SMs: ~6 blocks per program, so
+    # the K/V ring, the Q hand-over and the turns continue across blocks; ragged ends.
+    config = Sm90Config(128, 2, schedule=schedule, persistent=True)
+    q, k, v = make_qkv(16, 6, 2, 1000, 1337, 128, torch.bfloat16, layout="bshd", seed=11)
+    out, lse = run_and_check(q, k, v, layout="bshd", causal=causal, config=config)
+    # Each block's arithmetic is the same whichever program runs it.
+    one_per_block, lse_one = flash_forward_sm90(
+        q, k, v, layout="bshd", scale=1.0 / math.sqrt(128), causal=causal,
+        config=dataclasses.replace(config, persistent=False))
+    assert torch.equal(out, one_per_block) and torch.equal(lse, lse_one)
+
+
+@pytest.mark.gpu
+@sm90
 def test_gpu_causal_rows_without_keys_give_zero_and_minus_inf():
     q, k, v = make_qkv(1, 2, 2, 300, 40, 128, torch.bfloat16, layout="bhsd", seed=3)
     out, lse = run_and_check(q, k, v, layout="bhsd", causal=True)
@@ -213,3 +231,38 @@ def test_cpu_tensors_never_dispatch_to_gluon():
     k = torch.zeros(1, 4096, 4, 256, dtype=torch.bfloat16)
     assert _gluon_sm90_choice(q, k, k, layout="bshd", causal=True, window=(-1, -1),
                               softcap=0.0) is None
+
+
+def test_dispatch_table_script_leaves_publicly_slower_buckets_to_triton(tmp_path):
+    """bench/sm90_dispatch_table.py keeps the kernel-time winners, except a bucket whose
+    public-path record (Gluon kernel in force) is slower than the baseline's at that shape."""
+    script = Path(__file__).parents[1] / "bench" / "sm90_dispatch_table.py"
+    winner = {"winner": "sm90", "sm90_config": "sm90[n128,s2,r24,split,persistent]",
+              "head_dim": 128, "heads": [16, 16], "sm90_vs_triton": 1.2}
+    winners = {"env": {"gpu": "test"}, "winners": [
+        {**winner, "causal": True, "bucket": 1024}, {**winner, "causal": True, "bucket": 4096},
+        {**winner, "causal": False, "bucket": 4096, "winner": "triton"}]}
+    (tmp_path / "winners.json").write_text(json.dumps(winners))
+
+    def record(seqlen, tflops, kernel):
+        shape = {"batch": 16384 // seqlen, "query_heads": 16, "kv_heads": 16, "head_dim": 128,
+                 "seqlen_q": seqlen, "seqlen_k": seqlen, "causal": True, "dtype": "bf16"}
+        return json.dumps({"provider": "attnlab", "phase": "prefill", "shape": shape,
+                           "tflops": tflops, "kernel_names": [kernel]})
+
+    (tmp_path / "public.jsonl").write_text(
+        record(1024, 170.0, "_attn_fwd_sm90") + "\n" + record(4096, 485.0, "_attn_fwd_sm90"))
+    (tmp_path / "baseline.jsonl").write_text(
+        record(1024, 297.0, "_attn_fwd") + "\n" + record(4096, 425.0, "_attn_fwd"))
+    out = tmp_path / "table.json"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "winners.json"),
+                           "--public", str(tmp_path / "public.jsonl"),
+                           "--baseline", str(tmp_path / "baseline.jsonl"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    table = json.loads(out.read_text())
+    assert [(e["causal"], e["bucket"]) for e in table["entries"]] == [(True, 4096)]
+    assert table["entries"][0]["config"] == {"block_n": 128, "stages": 2, "producer_regs": 24,
+                                             "schedule": "split", "persistent": True}
+    assert [(e["bucket"], e["public_tflops"], e["baseline_public_tflops"])
+            for e in table["dropped"]] == [(1024, 170.0, 297.0)]

@@ -54,6 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.kernels._primitives import LOG2E
 from attnlab.kernels.configs import GLUON_SM90_TRITON_VERSIONS, length_bucket
@@ -62,6 +63,7 @@ from attnlab.kernels.configs import GLUON_SM90_TRITON_VERSIONS, length_bucket
 BUILT_FOR_TRITON = GLUON_SM90_TRITON_VERSIONS
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 BLOCK_M = 128            # two consumer warpgroups x 64 query rows
 CONSUMER_WARPS = 4       # per consumer warpgroup (and partition)
 CONSUMER_REGS = 240      # per consumer thread once the producer's warpgroup gave its share
@@ -114,24 +116,56 @@ def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _work_block(work, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
+                IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Work item -> (batch*head, batch, head, kv head, first row, K/V tiles to walk).
+
+    A head's blocks are neighbours, so the programs running together share that head's
+    K/V in L2 (at d = 128 a 128 x 128 K/V tile pair feeds ~128 FLOP per byte, too few
+    to stream it from DRAM at the tensor cores' rate).  Causal: within a head the most
+    expensive blocks (the last ones) come first, so the hardware's dynamic order, or a
+    persistent program's stride through the list, ends on short blocks.
+
+    Skip bound (bottom-right causal): a block walks K/V only up to the last key any of
+    its rows may see.  A block whose rows see no key at all still folds in tile 0, fully
+    masked, so every path runs the same pipeline and ends with l = 0 -> O = 0, LSE = -inf.
+    """
+    start_m = work % num_m_blocks
+    if IS_CAUSAL:
+        start_m = num_m_blocks - 1 - start_m
+    off_bh = work // num_m_blocks
+    off_h = off_bh % num_heads
+    m_first = start_m * BLOCK_M
+    if IS_CAUSAL:
+        kv_hi = gl.minimum(m_first + BLOCK_M + seqlen_k - seqlen_q, seqlen_k)
+        n_tiles = gl.maximum(gl.cdiv(gl.maximum(kv_hi, 0), BLOCK_N), 1)
+    else:
+        n_tiles = gl.cdiv(seqlen_k, BLOCK_N)
+    return off_bh, off_bh // num_heads, off_h, off_h // group_size, m_first, n_tiles
+
+
+@gluon.jit
 def _consume_tiles(acc, p_op, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k_empty,
-                   v_ready, v_empty, turn, offs_m, tile_lo, tile_hi, n_tiles, seqlen_k,
-                   diag_offset, qk_scale, WG: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr,
-                   PINGPONG: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                   p_layout: gl.constexpr):
-    """One warpgroup's tiles [tile_lo, tile_hi): S_j and P_{j-1} V_{j-1} in flight
-    together, softmax j between.  Under ping-pong the two GEMMs are issued in this
+                   v_ready, v_empty, turn, offs_m, tile_lo, tile_hi, n_tiles, ring_base,
+                   turn_base, seqlen_k, diag_offset, qk_scale, WG: gl.constexpr,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                   MASKED: gl.constexpr, PINGPONG: gl.constexpr, s_layout: gl.constexpr,
+                   o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """One warpgroup's tiles [tile_lo, tile_hi) of a block: S_j and P_{j-1} V_{j-1} in
+    flight together, softmax j between.  Under ping-pong the two GEMMs are issued in this
     warpgroup's turn and the other warpgroup issues its own during this softmax.
 
-    On entry K of ``tile_lo`` has been waited for; on exit K of ``tile_hi`` has (if it exists).
+    ``ring_base`` counts the K/V tiles this program consumed before this block (the ring
+    slot and its phase continue across blocks), ``turn_base`` the turns.  On entry K of
+    ``tile_lo`` has been waited for; on exit K of ``tile_hi`` has (if it exists).
     """
     dtype: gl.constexpr = q_wg.dtype
     for tile in range(tile_lo, tile_hi):
-        stage = tile % STAGES
-        prev = (tile - 1) % STAGES
-        mbarrier.wait(v_ready.index(prev), ((tile - 1) // STAGES) & 1)
-        _turn_wait(turn, tile, WG, PINGPONG)
+        slot = ring_base + tile
+        stage = slot % STAGES
+        prev = (slot - 1) % STAGES
+        mbarrier.wait(v_ready.index(prev), ((slot - 1) // STAGES) & 1)
+        _turn_wait(turn, turn_base + tile, WG, PINGPONG)
         s = warpgroup_mma(q_wg, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False,
                           is_async=True)
         acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
@@ -145,8 +179,8 @@ def _consume_tiles(acc, p_op, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k
         # the softmax above the wait for P_{j-1} V_{j-1}: without a branch in between,
         # ptxas 12.8 hoists wgmma.wait_group 0 right under wait_group 1 and the overlap
         # is gone (bench/NOTES.md, attempt 8: the SASS of attempt 7 shows exactly that).
-        nxt = tile + 1
-        mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_tiles)
+        nxt = slot + 1
+        mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1, pred=tile + 1 < n_tiles)
         acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_smem.index(prev)))
         mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -155,12 +189,13 @@ def _consume_tiles(acc, p_op, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty, turn,
-              O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k, diag_offset,
-              n_tiles, qk_scale, WG: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-    """Consumer warpgroup ``WG``: rows [64 WG, 64 WG + 64) of the block, softmax state
-    in registers, both GEMMs, the epilogue."""
+def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+              turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads, group_size, seqlen_q,
+              seqlen_k, qk_scale, num_work, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+              PINGPONG: gl.constexpr):
+    """Consumer warpgroup ``WG``: rows [64 WG, 64 WG + 64) of each block this program
+    takes, softmax state in registers, both GEMMs, the epilogue."""
     dtype: gl.constexpr = q_smem.dtype
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
@@ -168,155 +203,192 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empt
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    # P stays in registers as wgmma's A operand (FA3's "RS" P.V).
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q_wg = q_smem.index(WG)
-
-    row0 = m_first + WG * ROWS
-    offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    # This warpgroup's own unmasked count: its first row is 64 later than the CTA's.
-    if IS_CAUSAL:
-        n_unmasked = gl.minimum(gl.maximum(row0 + diag_offset + 1, 0) // BLOCK_N,
-                                seqlen_k // BLOCK_N)
-    else:
-        n_unmasked = seqlen_k // BLOCK_N
+    num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
+    diag_offset = seqlen_k - seqlen_q
 
-    mbarrier.wait(q_ready.index(WG), 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    _turn_wait(turn, 0, WG, PINGPONG)
-    s = warpgroup_mma(q_wg, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False,
-                      is_async=True)
-    _turn_pass(turn, WG, PINGPONG)
-    s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_wg, k_smem.index(0)))
-    mbarrier.arrive(k_empty.index(0), count=1)
-    if n_unmasked > 0:
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, 0, seqlen_k, diag_offset,
-                                           qk_scale, BLOCK_N, IS_CAUSAL, False, s_layout)
-    else:
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, 0, seqlen_k, diag_offset,
-                                           qk_scale, BLOCK_N, IS_CAUSAL, True, s_layout)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-    mbarrier.wait(k_ready.index(1 % STAGES), (1 // STAGES) & 1, pred=n_tiles > 1)
+    ring_base = 0
+    turn_base = 0
+    for work in range(gl.program_id(0), num_work, gl.num_programs(0)):
+        blocks_done = (work - gl.program_id(0)) // gl.num_programs(0)
+        off_bh, off_b, off_h, off_hk, m_first, n_tiles = _work_block(
+            work, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
+            IS_CAUSAL, BLOCK_M, BLOCK_N)
+        row0 = m_first + WG * ROWS
+        offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        # This warpgroup's own unmasked count: its first row is 64 later than the block's.
+        if IS_CAUSAL:
+            n_unmasked = gl.minimum(gl.maximum(row0 + diag_offset + 1, 0) // BLOCK_N,
+                                    seqlen_k // BLOCK_N)
+        else:
+            n_unmasked = seqlen_k // BLOCK_N
 
-    split = gl.maximum(gl.minimum(n_unmasked, n_tiles), 1)
-    acc, p_op, m_i, l_i = _consume_tiles(
-        acc, p_op, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-        turn, offs_m, 1, split, n_tiles, seqlen_k, diag_offset, qk_scale,
-        WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, s_layout, o_layout, p_layout)
-    acc, p_op, m_i, l_i = _consume_tiles(
-        acc, p_op, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-        turn, offs_m, split, n_tiles, n_tiles, seqlen_k, diag_offset, qk_scale,
-        WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, s_layout, o_layout, p_layout)
+        # Tile 0 has nothing to overlap with; it is masked only if it is a band-edge tile.
+        stage0 = ring_base % STAGES
+        mbarrier.wait(q_ready.index(WG), blocks_done & 1)
+        mbarrier.wait(k_ready.index(stage0), (ring_base // STAGES) & 1)
+        _turn_wait(turn, turn_base, WG, PINGPONG)
+        s = warpgroup_mma(q_wg, k_smem.index(stage0).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        _turn_pass(turn, WG, PINGPONG)
+        s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_wg, k_smem.index(stage0)))
+        mbarrier.arrive(k_empty.index(stage0), count=1)
+        if n_unmasked > 0:
+            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, 0, seqlen_k, diag_offset,
+                                               qk_scale, BLOCK_N, IS_CAUSAL, False, s_layout)
+        else:
+            p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, 0, seqlen_k, diag_offset,
+                                               qk_scale, BLOCK_N, IS_CAUSAL, True, s_layout)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        nxt = ring_base + 1
+        mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1, pred=n_tiles > 1)
 
-    last = (n_tiles - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-    _turn_wait(turn, n_tiles, WG, PINGPONG)
-    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    _turn_pass(turn, WG, PINGPONG)
-    acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_smem.index(last)))
+        # Stage 1: tiles every row of this warpgroup sees in full (no mask).  Stage 2: the
+        # diagonal band and the ragged last tile (element mask).
+        split = gl.maximum(gl.minimum(n_unmasked, n_tiles), 1)
+        acc, p_op, m_i, l_i = _consume_tiles(
+            acc, p_op, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k_empty, v_ready,
+            v_empty, turn, offs_m, 1, split, n_tiles, ring_base, turn_base, seqlen_k,
+            diag_offset, qk_scale, WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG,
+            s_layout, o_layout, p_layout)
+        acc, p_op, m_i, l_i = _consume_tiles(
+            acc, p_op, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k_empty, v_ready,
+            v_empty, turn, offs_m, split, n_tiles, n_tiles, ring_base, turn_base, seqlen_k,
+            diag_offset, qk_scale, WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG,
+            s_layout, o_layout, p_layout)
+        # Every S of this block is done: the producer may load the next block's Q.
+        mbarrier.arrive(q_empty.index(WG), count=1)
 
-    has_keys = l_i > 0.0
-    l_safe = gl.where(has_keys, l_i, 1.0)
-    lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
-    offs_mo = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o_ptrs = (O + o_base + gl.expand_dims(offs_mo, 1).to(gl.int64) * stride_om
-              + gl.expand_dims(offs_d, 0))
-    gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(offs_mo, 1) < seqlen_q)
-    gl.store(LSE + lse_base + offs_m, lse, mask=offs_m < seqlen_q)
+        last = ring_base + n_tiles - 1
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        _turn_wait(turn, turn_base + n_tiles, WG, PINGPONG)
+        acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
+        _turn_pass(turn, WG, PINGPONG)
+        acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_smem.index(last % STAGES)))
+        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+
+        # One division per row; rows with no visible key give O = 0, LSE = -inf.
+        has_keys = l_i > 0.0
+        l_safe = gl.where(has_keys, l_i, 1.0)
+        lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+        offs_mo = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_base = off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+        o_ptrs = (O + o_base + gl.expand_dims(offs_mo, 1).to(gl.int64) * stride_om
+                  + gl.expand_dims(offs_d, 0))
+        gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(offs_mo, 1) < seqlen_q)
+        gl.store(LSE + off_bh.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+
+        ring_base += n_tiles
+        turn_base += n_tiles + 1
 
 
 @gluon.jit
-def _consumer_0(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty, turn,
-                O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k,
-                diag_offset, n_tiles, qk_scale, BLOCK_N: gl.constexpr,
+def _consumer_0(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads, group_size, seqlen_q,
+                seqlen_k, qk_scale, num_work, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
     # warp_specialize takes one function per partition and WG must be a constexpr.
-    _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty, turn,
-              O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k, diag_offset,
-              n_tiles, qk_scale, 0, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
+    _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+              turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads, group_size, seqlen_q,
+              seqlen_k, qk_scale, num_work, 0, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
 
 
 @gluon.jit
-def _consumer_1(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty, turn,
-                O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k,
-                diag_offset, n_tiles, qk_scale, BLOCK_N: gl.constexpr,
+def _consumer_1(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads, group_size, seqlen_q,
+                seqlen_k, qk_scale, num_work, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-    _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty, turn,
-              O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k, diag_offset,
-              n_tiles, qk_scale, 1, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
+    _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+              turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads, group_size, seqlen_q,
+              seqlen_k, qk_scale, num_work, 1, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
-              v_ready, v_empty, m_first, n_tiles,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The producer partition (one warp): every TMA copy, paced by the empty barriers."""
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+              k_empty, v_ready, v_empty, num_heads, group_size, seqlen_q, seqlen_k, num_work,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              IS_CAUSAL: gl.constexpr):
+    """The producer partition (one warp): every TMA copy, paced by the empty barriers,
+    running ahead into the next block while the consumers finish this one.
+
+    The descriptors are 4-D (batch, head, sequence, head dim) with a box of one
+    (batch, head): TMA zero-fills rows past this sequence's end, never reading the next
+    one.  Their boxes land in the 2-D tiles the MMAs read (same bytes, leading 1s)."""
+    dtype: gl.constexpr = q_smem.dtype
     ROWS: gl.constexpr = q_smem.shape[1]
-    for half in gl.static_range(2):
-        mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [m_first + half * ROWS, 0], q_ready.index(half),
-                                        q_smem.index(half))
-    for tile in range(n_tiles):
-        stage = tile % STAGES
-        # A fresh mbarrier counts as having completed the phase before phase 0, so
-        # the first lap through the ring does not wait.
-        free_phase = ((tile // STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(stage), free_phase)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [tile * BLOCK_N, 0], k_ready.index(stage),
-                                        k_smem.index(stage))
-        mbarrier.wait(v_empty.index(stage), free_phase)
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [tile * BLOCK_N, 0], v_ready.index(stage),
-                                        v_smem.index(stage))
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    q_box: gl.constexpr = [1, 1, ROWS, HEAD_DIM]
+    kv_box: gl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
+    q_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(q_box, dtype)
+    kv_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(kv_box, dtype)
+    num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
+
+    ring_base = 0
+    for work in range(gl.program_id(0), num_work, gl.num_programs(0)):
+        blocks_done = (work - gl.program_id(0)) // gl.num_programs(0)
+        off_bh, off_b, off_h, off_hk, m_first, n_tiles = _work_block(
+            work, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
+            IS_CAUSAL, BLOCK_M, BLOCK_N)
+        # A fresh mbarrier counts as having completed the phase before phase 0, so the
+        # first block's Q and the first lap through the ring do not wait.
+        for half in gl.static_range(2):
+            mbarrier.wait(q_empty.index(half), (blocks_done & 1) ^ 1)
+            mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                q_desc, [off_b, off_h, m_first + half * ROWS, 0], q_ready.index(half),
+                q_smem.index(half)._reinterpret(dtype, q_box, q_box_layout))
+        for tile in range(n_tiles):
+            slot = ring_base + tile
+            stage = slot % STAGES
+            free_phase = ((slot // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(stage), free_phase)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                k_desc, [off_b, off_hk, tile * BLOCK_N, 0], k_ready.index(stage),
+                k_smem.index(stage)._reinterpret(dtype, kv_box, kv_box_layout))
+            mbarrier.wait(v_empty.index(stage), free_phase)
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                v_desc, [off_b, off_hk, tile * BLOCK_N, 0], v_ready.index(stage),
+                v_smem.index(stage)._reinterpret(dtype, kv_box, kv_box_layout))
+        ring_base += n_tiles
 
 
-@gluon.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k"])
+# Lengths and head counts change per call; specialising on them would multiply compiles.
+@gluon.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k", "num_work"])
 def _attn_fwd_sm90(
-    Q, K, V, O, LSE,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_om,
-    num_heads, group_size, seqlen_q, seqlen_k,
+    # TMA descriptors of q, k, v (host-built, 4-D: batch, head, sequence, head dim)
+    q_desc, k_desc, v_desc,
+    # pointers and strides (batch, head, seq) of the outputs; the head dim is unit-stride
+    O, LSE, stride_ob, stride_oh, stride_om,
+    # sizes: num_work = query blocks x batch x heads, taken by the programs in turn
+    num_heads, group_size, seqlen_q, seqlen_k, num_work,
+    # scalars
     qk_scale,
+    # meta-parameters
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr,
 ):
-    dtype: gl.constexpr = Q.dtype.element_ty
+    """One program per query block (grid = num_work) or a persistent grid (one program
+    per SM, each taking blocks pid, pid + grid, ...): the same code, the launcher picks."""
+    dtype: gl.constexpr = O.dtype.element_ty
     ROWS: gl.constexpr = BLOCK_M // 2
-    # With a causal band the last query blocks do the most work: start them first.
-    pid_m = gl.program_id(0)
-    num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
-    start_m = (num_m_blocks - 1 - pid_m) if IS_CAUSAL else pid_m
-    off_bh = gl.program_id(1)
-    off_b = (off_bh // num_heads).to(gl.int64)
-    off_h = off_bh % num_heads
-    off_hk = (off_h // group_size).to(gl.int64)
-    off_h = off_h.to(gl.int64)
-
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
-    q_desc = tma.make_tensor_descriptor(Q + off_b * stride_qb + off_h * stride_qh,
-                                        shape=[seqlen_q, HEAD_DIM], strides=[stride_qm, 1],
-                                        block_shape=[ROWS, HEAD_DIM], layout=q_layout)
-    k_desc = tma.make_tensor_descriptor(K + off_b * stride_kb + off_hk * stride_kh,
-                                        shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + off_b * stride_vb + off_hk * stride_vh,
-                                        shape=[seqlen_k, HEAD_DIM], strides=[stride_vn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_layout)
-
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -324,6 +396,7 @@ def _attn_fwd_sm90(
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for half in gl.static_range(2):
         mbarrier.init(q_ready.index(half), count=1)
+        mbarrier.init(q_empty.index(half), count=1)
         mbarrier.init(turn.index(half), count=1)
     for ring in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(ring), count=1)
@@ -331,33 +404,23 @@ def _attn_fwd_sm90(
         mbarrier.init(v_ready.index(ring), count=1)
         mbarrier.init(v_empty.index(ring), count=2)
 
-    # Skip bound (bottom-right causal): the last key any row of this block may see.
-    # A block whose rows see no key at all still folds in tile 0, fully masked, so
-    # every path runs the same pipeline and ends with l = 0 -> O = 0, LSE = -inf.
-    # Both warpgroups walk the same tiles (the ping-pong turns count them).
-    diag_offset = seqlen_k - seqlen_q
-    m_first = start_m * BLOCK_M
-    if IS_CAUSAL:
-        kv_hi = gl.minimum(m_first + BLOCK_M + diag_offset, seqlen_k)
-        n_tiles = gl.maximum(gl.cdiv(gl.maximum(kv_hi, 0), BLOCK_N), 1)
-    else:
-        n_tiles = gl.cdiv(seqlen_k, BLOCK_N)
-
-    o_base = off_b * stride_ob + off_h * stride_oh
-    lse_base = off_bh.to(gl.int64) * seqlen_q
     gl.warp_specialize([
-        (_consumer_0, (q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
-                       turn, O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k,
-                       diag_offset, n_tiles, qk_scale, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
-        (_consumer_1, (q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
-                       turn, O, LSE, stride_om, o_base, lse_base, m_first, seqlen_q, seqlen_k,
-                       diag_offset, n_tiles, qk_scale, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready,
-                     k_empty, v_ready, v_empty, m_first, n_tiles, BLOCK_N, STAGES)),
+        (_consumer_0, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                       v_empty, turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads,
+                       group_size, seqlen_q, seqlen_k, qk_scale, num_work, BLOCK_M, BLOCK_N,
+                       STAGES, IS_CAUSAL, PINGPONG)),
+        (_consumer_1, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                       v_empty, turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads,
+                       group_size, seqlen_q, seqlen_k, qk_scale, num_work, BLOCK_M, BLOCK_N,
+                       STAGES, IS_CAUSAL, PINGPONG)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
+                     k_ready, k_empty, v_ready, v_empty, num_heads, group_size, seqlen_q,
+                     seqlen_k, num_work, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)),
     ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
     for half in gl.static_range(2):
         mbarrier.invalidate(q_ready.index(half))
+        mbarrier.invalidate(q_empty.index(half))
         mbarrier.invalidate(turn.index(half))
     for ring in gl.static_range(STAGES):
         mbarrier.invalidate(k_ready.index(ring))
@@ -380,6 +443,9 @@ class Sm90Config:
     # "split": the two consumer warpgroups run freely; "pingpong": they take turns at
     # issuing their GEMMs (FA3's schedule).  The sweep measures both per bucket.
     schedule: str = "split"
+    # One program per SM walking the query blocks in turn (the producer runs ahead into
+    # the next block during this one's epilogue), instead of one program per block.
+    persistent: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -394,12 +460,12 @@ class Sm90Config:
                              f"got {self.producer_regs}")
 
 
-# Per head dim, the best tiles of the first sweep of both schedules (session 3 run 1,
-# bench/results/runs/2026-12-01-s3-run1): what a config-less call and the tests run.
+# Per head dim, the best tiles of session 3's sweeps (bench/results/runs/2026-12-01-s3-run*):
+# what a config-less call and the tests run.
 DEFAULT_CONFIGS = {
     64: Sm90Config(block_n=128, stages=3),
     128: Sm90Config(block_n=128, stages=2),
-    256: Sm90Config(block_n=64, stages=2, schedule="pingpong"),
+    256: Sm90Config(block_n=64, stages=2),
 }
 
 
@@ -473,14 +539,6 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return reason is None, reason or ""
 
 
-def _set_allocator_once() -> None:
-    # Device-side TMA descriptors live in a scratch buffer that Triton asks the host for.
-    from triton.runtime import _allocation
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(
-            lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-
-
 def _bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
     if layout == "bshd":
         return t.stride(0), t.stride(2), t.stride(1)
@@ -511,19 +569,37 @@ def flash_forward_sm90(
     config = config or DEFAULT_CONFIGS[head_dim]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
-    _set_allocator_once()
-    grid = (triton.cdiv(seqlen_q, BLOCK_M), batch * num_heads)
+    num_work = triton.cdiv(seqlen_q, BLOCK_M) * batch * num_heads
+    grid = (min(num_work, _sm_count(q.device)) if config.persistent else num_work,)
     kernel, meta = _kernel_and_meta(config)
     kernel[grid](
-        q, k, v, out, lse,
-        *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
-        *_bhs_strides(out, layout),
-        num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, scale * LOG2E,
+        _descriptor(q, layout, BLOCK_M // 2), _descriptor(k, layout, config.block_n),
+        _descriptor(v, layout, config.block_n),
+        out, lse, *_bhs_strides(out, layout),
+        num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_work, scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, STAGES=config.stages,
         IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs, **meta,
         maxnreg=maxnreg(config),
     )
     return out, lse
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _descriptor(t: torch.Tensor, layout: str, rows: int) -> TensorDescriptor:
+    """A host TMA descriptor over t as (batch, head, sequence, head dim), whatever its
+    memory layout, with a box of ``rows`` rows of one (batch, head)."""
+    sb, sh, ss = _bhs_strides(t, layout)
+    if layout == "bshd":
+        batch, seqlen, heads, head_dim = t.shape
+    else:
+        batch, heads, seqlen, head_dim = t.shape
+    box = [1, 1, rows, head_dim]
+    return TensorDescriptor(t, [batch, heads, seqlen, head_dim], [sb, sh, ss, 1], box,
+                            gl.NVMMASharedLayout.get_default_for(box, _GL_DTYPES[t.dtype]))
 
 
 def kernel_name(config: Sm90Config) -> str:
@@ -575,15 +651,22 @@ def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal:
     """The compiled kernel (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata``) for sm_90a."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
 
     config = config or DEFAULT_CONFIGS[head_dim]
     kernel, meta = _kernel_and_meta(config)
-    signature = {name: f"*{dtype}" for name in ("Q", "K", "V", "O")}
-    signature["LSE"] = "*fp32"
-    for t, seq in (("q", "m"), ("k", "n"), ("v", "n"), ("o", "m")):
-        for axis in ("b", "h", seq):
-            signature[f"stride_{t}{axis}"] = "i32"
-    for name in ("num_heads", "group_size", "seqlen_q", "seqlen_k"):
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    # A meta-device tensor gives the descriptors their types without memory.
+    example = torch.empty((1, 256, 1, head_dim), dtype=torch_dtype, device="meta")
+    signature = {
+        "q_desc": mangle_type(_descriptor(example, "bshd", BLOCK_M // 2)),
+        "k_desc": mangle_type(_descriptor(example, "bshd", config.block_n)),
+        "v_desc": mangle_type(_descriptor(example, "bshd", config.block_n)),
+        "O": f"*{dtype}", "LSE": "*fp32",
+    }
+    for axis in ("b", "h", "m"):
+        signature[f"stride_o{axis}"] = "i32"
+    for name in ("num_heads", "group_size", "seqlen_q", "seqlen_k", "num_work"):
         signature[name] = "i32"
     signature["qk_scale"] = "fp32"
     constants = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
