@@ -224,14 +224,23 @@ def run_decode(case: dict, seed: int) -> str:
 
 
 def run_forward_sm90(case: dict, seed: int) -> str:
-    from attnlab.kernels.forward_sm90 import flash_forward_sm90, supports
+    from attnlab.kernels.forward_sm90 import (
+        DEFAULT_CONFIGS,
+        Sm90Config,
+        flash_forward_sm90,
+        supports,
+    )
 
     q, k, v = dense_inputs(case, seed)
-    ok, reason = supports(q, k, v, case.get("causal", False))
+    base = DEFAULT_CONFIGS[case["d"]]
+    config = Sm90Config(base.block_n, base.stages, base.producer_regs,
+                        case.get("schedule", base.schedule), case.get("persistent", False))
+    ok, reason = supports(q, k, v, case.get("causal", False), config=config)
     if not ok:
         raise Skip(reason)
     scale = 1.0 / math.sqrt(case["d"])
-    out, lse = flash_forward_sm90(q, k, v, layout="bshd", scale=scale, causal=case.get("causal", False))
+    out, lse = flash_forward_sm90(q, k, v, layout="bshd", scale=scale,
+                                  causal=case.get("causal", False), config=config)
     sync()
     result = check_accuracy(out, lse, q, k, v, scale=scale, causal=case.get("causal", False),
                             layout="bshd")
@@ -295,6 +304,15 @@ def grid() -> list[tuple[str, object, dict]]:
     cases += [(f"decode {describe(c)}", run_decode, c) for c in decode]
     cases.append(("forward_sm90 causal d128", run_forward_sm90,
                   dict(seqlen_q=300, seqlen_k=300, d=128, dtype=BF16, batch=1, causal=True)))
+    # Ragged GQA with both schedules, and a persistent grid walking several blocks per
+    # program (48 x 3 query blocks > 132 SMs), causal rows without keys included.
+    for schedule in ("split", "pingpong"):
+        cases.append((f"forward_sm90 {schedule} ragged GQA d64", run_forward_sm90,
+                      dict(seqlen_q=203, seqlen_k=113, d=64, dtype=F16, heads=(6, 2),
+                           causal=True, schedule=schedule)))
+    cases.append(("forward_sm90 persistent d256", run_forward_sm90,
+                  dict(seqlen_q=300, seqlen_k=217, d=256, dtype=BF16, batch=48, heads=(1, 1),
+                       causal=True, persistent=True)))
     return cases
 
 

@@ -600,7 +600,8 @@ def test_gpu_compile_takes_the_triton_kernel_where_eager_takes_sm90():
                              fullgraph=True)
     (out, lse), codes = run_and_get_code(compiled, q, k, v)
     code = "\n".join(codes)
-    assert "_attn_fwd" in code and "attnlab.flash_fwd" not in code
+    assert "_attn_fwd" in code and "_attn_fwd_sm90" not in code
+    assert "attnlab.flash_fwd" not in code
     assert check_accuracy(out, lse, q, k, v, causal=True, scale=0.0625, layout="bshd").passed
 
 
