@@ -1,10 +1,17 @@
 """Host cost of the eager launchers and entry points: N calls on a tiny tensor."""
-import gc, os, statistics, sys, time
+import gc
+import os
+import statistics
+import sys
+import time
+
 import torch
+
 from attnlab.kernels import autograd as ag
 from attnlab.kernels.autograd import attention_forward
 from attnlab.kernels.backward import flash_backward
 from attnlab.kernels.forward import flash_forward
+
 if os.environ.get("HC_ALWAYS_WRAP"):
     import attnlab.kernels.backward as bw
     import attnlab.kernels.forward as fw
