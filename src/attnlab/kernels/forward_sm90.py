@@ -291,27 +291,6 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
 
 
 @gluon.jit
-def _consumer_0(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads, group_size, seqlen_q,
-                seqlen_k, qk_scale, num_work, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-    # warp_specialize takes one function per partition and WG must be a constexpr.
-    _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-              turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads, group_size, seqlen_q,
-              seqlen_k, qk_scale, num_work, 0, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
-
-
-@gluon.jit
-def _consumer_1(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads, group_size, seqlen_q,
-                seqlen_k, qk_scale, num_work, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-    _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-              turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads, group_size, seqlen_q,
-              seqlen_k, qk_scale, num_work, 1, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
-
-
-@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
               k_empty, v_ready, v_empty, num_heads, group_size, seqlen_q, seqlen_k, num_work,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -405,14 +384,15 @@ def _attn_fwd_sm90(
         mbarrier.init(v_empty.index(ring), count=2)
 
     gl.warp_specialize([
-        (_consumer_0, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                       v_empty, turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads,
-                       group_size, seqlen_q, seqlen_k, qk_scale, num_work, BLOCK_M, BLOCK_N,
-                       STAGES, IS_CAUSAL, PINGPONG)),
-        (_consumer_1, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                       v_empty, turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads,
-                       group_size, seqlen_q, seqlen_k, qk_scale, num_work, BLOCK_M, BLOCK_N,
-                       STAGES, IS_CAUSAL, PINGPONG)),
+        # The default partition is consumer warpgroup 0, the first worker warpgroup 1.
+        (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                     v_empty, turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads,
+                     group_size, seqlen_q, seqlen_k, qk_scale, num_work, 0, BLOCK_M, BLOCK_N,
+                     STAGES, IS_CAUSAL, PINGPONG)),
+        (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                     v_empty, turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads,
+                     group_size, seqlen_q, seqlen_k, qk_scale, num_work, 1, BLOCK_M, BLOCK_N,
+                     STAGES, IS_CAUSAL, PINGPONG)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
                      k_ready, k_empty, v_ready, v_empty, num_heads, group_size, seqlen_q,
                      seqlen_k, num_work, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)),
