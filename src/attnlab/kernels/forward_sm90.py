@@ -577,9 +577,14 @@ def _descriptor(t: torch.Tensor, layout: str, rows: int) -> TensorDescriptor:
         batch, seqlen, heads, head_dim = t.shape
     else:
         batch, heads, seqlen, head_dim = t.shape
-    box = [1, 1, rows, head_dim]
-    return TensorDescriptor(t, [batch, heads, seqlen, head_dim], [sb, sh, ss, 1], box,
-                            gl.NVMMASharedLayout.get_default_for(box, _GL_DTYPES[t.dtype]))
+    return TensorDescriptor(t, [batch, heads, seqlen, head_dim], [sb, sh, ss, 1],
+                            [1, 1, rows, head_dim], _box_layout(rows, head_dim, t.dtype))
+
+
+@functools.cache
+def _box_layout(rows: int, head_dim: int, dtype: torch.dtype):
+    # Built once per box: each call is several microseconds of host time per launch.
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _GL_DTYPES[dtype])
 
 
 def kernel_name(config: Sm90Config) -> str:
