@@ -437,7 +437,8 @@ def phase_profile(out_dir: str, env: dict) -> None:
               flush=True)
 
 
-def _host_profile(call, inputs, out_dir: str, calls: int = 30) -> None:
+def _host_profile(call, inputs, out_dir: str, calls: int = 30,
+                  name: str = "backward_host_profile.txt") -> None:
     """cProfile of the host side of ``calls`` calls (the GPU runs behind), top entries."""
     import cProfile
     import io
@@ -453,7 +454,7 @@ def _host_profile(call, inputs, out_dir: str, calls: int = 30) -> None:
     stats = pstats.Stats(profiler, stream=text)
     stats.sort_stats("tottime").print_stats(30)
     stats.sort_stats("cumulative").print_stats(40)
-    with open(os.path.join(out_dir, "backward_host_profile.txt"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
         f.write(f"{calls} calls\n" + text.getvalue())
 
 

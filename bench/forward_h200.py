@@ -2,7 +2,7 @@
 
 One call does everything so a lease is spent on measurements, not start-ups:
 
-    PYTHONPATH=src python3 bench/forward_h200.py --out $OUT [--phases correct,tune,bench]
+    PYTHONPATH=src python3 bench/forward_h200.py --out $OUT [--phases correct,tune,bench,profile]
 
 Writes JSON lines to --out (correctness.jsonl, forward_tuning.jsonl,
 prefill_forward.jsonl) and prints a short table last.  TFLOP/s count
@@ -18,6 +18,7 @@ short calls), the benchmark phase from measure.sweep; only the kernel-level phas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -254,6 +255,74 @@ def phase_bench(out_dir, seqlens_by_group, flex_lengths, budget_s: float, env: d
     return table
 
 
+# Where the Gluon path's public call measured host-bound (bench/NOTES.md, attempt 14).
+PROFILE_SHAPES = [("d128", 1024, True), ("d128", 2048, True), ("d128", 1024, False),
+                  ("gqa_d256", 1024, True)]
+
+
+@contextlib.contextmanager
+def _kernel_forced(shape: AttentionShape, kernel: str):
+    """The public path with this shape's bucket sent to the Gluon kernel (its default
+    config) or kept off it, whatever the committed table says."""
+    from attnlab.kernels import forward_sm90
+
+    table = dict(forward_sm90._dispatch_table())
+    key = (shape.head_dim, shape.causal, length_bucket(shape.seqlen_q))
+    if kernel == "gluon":
+        table[key] = forward_sm90.DEFAULT_CONFIGS[shape.head_dim]
+    else:
+        table.pop(key, None)
+    committed = forward_sm90._dispatch_table
+    forward_sm90._dispatch_table = lambda: table
+    try:
+        yield
+    finally:
+        forward_sm90._dispatch_table = committed
+
+
+def phase_profile(out_dir: str, env: dict) -> None:
+    """Host time of one public forward call on each kernel: launches only (no sync), the
+    event-timed and the graph-replayed call, the kernels the profiler saw, and a cProfile
+    of the Gluon path's host side."""
+    from backward_h200 import _host_profile, log_line
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnlab.measure.providers import prepare, provider
+
+    path = os.path.join(out_dir, "forward_profile.jsonl")
+    for group, seqlen, causal in PROFILE_SHAPES:
+        shape = group_shape(group, seqlen, causal)
+        prepared = prepare(provider("attnlab"), shape, "prefill", "cuda")
+        inputs = prepared.inputs()
+        for kernel in ("gluon", "triton"):
+            with _kernel_forced(shape, kernel):
+                call = prepared.call
+                for _ in range(3):
+                    call(*inputs)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    call(*inputs)
+                host_ms = (time.perf_counter() - t0) / 20 * 1e3
+                torch.cuda.synchronize()
+                events = time_call(call, [inputs], device="cuda", warmup=2, target_ms=100,
+                                   cuda_graph=False).p50
+                graph = time_call(call, [inputs], device="cuda", warmup=2, target_ms=100,
+                                  cuda_graph=True).p50
+                with profile(activities=[ProfilerActivity.CUDA]) as trace:
+                    call(*inputs)
+                    torch.cuda.synchronize()
+                kernels = sorted({e.name.split("(")[0][:48] for e in trace.events()
+                                  if e.device_type.name == "CUDA"})
+                if kernel == "gluon" and (group, seqlen, causal) == PROFILE_SHAPES[0]:
+                    _host_profile(call, inputs, out_dir, name="forward_host_profile.txt")
+            log_line(path, {"what": "forward_profile", "kernel": kernel,
+                            "shape": shape.as_dict(), "host_ms": host_ms, "event_ms": events,
+                            "graph_ms": graph, "kernels": kernels, **env})
+            print(f"profile {shape.describe()} {kernel}: host {host_ms:.3f} ms/call, events "
+                  f"{events:.3f}, graph {graph:.3f}; {', '.join(kernels)}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -287,6 +356,8 @@ def main() -> int:
             print(f"    ({d}, {m}, {b}): ForwardConfig({c.block_m}, {c.block_n}, {c.num_warps}, "
                   f"{c.num_stages}),")
         print("}")
+    if "profile" in phases:
+        phase_profile(args.out, env)
     failures = phase_correct(env, args.out) if "correct" in phases else 0
     table = []
     if "bench" in phases:
