@@ -393,8 +393,6 @@ PROFILE_SHAPES = [(128, 1024, True), (128, 1024, False), (128, 4096, True), (64,
 def phase_profile(out_dir: str, env: dict) -> None:
     """Where one forward+backward call's time goes: host time per call (launches only,
     no sync), the event-timed call, the CUDA-graph replay, and the profiler's kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
     path = os.path.join(out_dir, "backward_profile.jsonl")
     for head_dim, seqlen, causal in PROFILE_SHAPES:
         shape = AttentionShape(batch=16384 // seqlen, query_heads=16, kv_heads=16,
@@ -403,29 +401,7 @@ def phase_profile(out_dir: str, env: dict) -> None:
         prepared = prepare(provider("attnlab"), shape, "fwdbwd", "cuda")
         inputs = prepared.inputs()
         call = prepared.call
-        for _ in range(3):
-            call(*inputs)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(20):
-            call(*inputs)
-        host_ms = (time.perf_counter() - t0) / 20 * 1e3
-        torch.cuda.synchronize()
-        events = time_call(call, [inputs], device="cuda", warmup=2, target_ms=100,
-                           cuda_graph=False).p50
-        try:
-            graph = time_call(call, [inputs], device="cuda", warmup=2, target_ms=100,
-                              cuda_graph=True).p50
-        except Exception as error:  # noqa: BLE001 - say why, keep the other numbers
-            graph = f"{type(error).__name__}: {str(error)[:200]}"
-        with profile(activities=[ProfilerActivity.CUDA]) as trace:
-            call(*inputs)
-            torch.cuda.synchronize()
-        kernels: dict[str, float] = {}
-        for event in trace.events():
-            if event.device_type.name == "CUDA":
-                name = event.name.split("(")[0][:48]
-                kernels[name] = kernels.get(name, 0.0) + event.device_time / 1e3
+        host_ms, events, graph, kernels = call_profile(call, inputs)
         row = {"what": "fwdbwd_profile", "shape": shape.as_dict(), "host_ms": host_ms,
                "event_ms": events, "graph_ms": graph, "kernels_ms": kernels, **env}
         log_line(path, row)
@@ -435,6 +411,37 @@ def phase_profile(out_dir: str, env: dict) -> None:
               f"graph {graph if isinstance(graph, str) else f'{graph:.3f}'}; kernels "
               + ", ".join(f"{n}={t:.3f}" for n, t in sorted(kernels.items(), key=lambda x: -x[1])),
               flush=True)
+
+
+def call_profile(call, inputs) -> tuple[float, float, float | str, dict[str, float]]:
+    """(host ms per call: launches only, no sync; the event-timed call; its CUDA-graph
+    replay, or why it failed; ms per kernel name in one profiled call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        call(*inputs)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        call(*inputs)
+    host_ms = (time.perf_counter() - t0) / 20 * 1e3
+    torch.cuda.synchronize()
+    events = time_call(call, [inputs], device="cuda", warmup=2, target_ms=100,
+                       cuda_graph=False).p50
+    try:
+        graph = time_call(call, [inputs], device="cuda", warmup=2, target_ms=100,
+                          cuda_graph=True).p50
+    except Exception as error:  # noqa: BLE001 - say why, keep the other numbers
+        graph = f"{type(error).__name__}: {str(error)[:200]}"
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        call(*inputs)
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for event in trace.events():
+        if event.device_type.name == "CUDA":
+            name = event.name.split("(")[0][:48]
+            kernels[name] = kernels.get(name, 0.0) + event.device_time / 1e3
+    return host_ms, events, graph, kernels
 
 
 def _host_profile(call, inputs, out_dir: str, calls: int = 30,

@@ -284,8 +284,7 @@ def phase_profile(out_dir: str, env: dict) -> None:
     """Host time of one public forward call on each kernel: launches only (no sync), the
     event-timed and the graph-replayed call, the kernels the profiler saw, and a cProfile
     of the Gluon path's host side."""
-    from backward_h200 import _host_profile, log_line
-    from torch.profiler import ProfilerActivity, profile
+    from backward_h200 import _host_profile, call_profile, log_line
 
     from attnlab.measure.providers import prepare, provider
 
@@ -297,30 +296,14 @@ def phase_profile(out_dir: str, env: dict) -> None:
         for kernel in ("gluon", "triton"):
             with _kernel_forced(shape, kernel):
                 call = prepared.call
-                for _ in range(3):
-                    call(*inputs)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(20):
-                    call(*inputs)
-                host_ms = (time.perf_counter() - t0) / 20 * 1e3
-                torch.cuda.synchronize()
-                events = time_call(call, [inputs], device="cuda", warmup=2, target_ms=100,
-                                   cuda_graph=False).p50
-                graph = time_call(call, [inputs], device="cuda", warmup=2, target_ms=100,
-                                  cuda_graph=True).p50
-                with profile(activities=[ProfilerActivity.CUDA]) as trace:
-                    call(*inputs)
-                    torch.cuda.synchronize()
-                kernels = sorted({e.name.split("(")[0][:48] for e in trace.events()
-                                  if e.device_type.name == "CUDA"})
+                host_ms, events, graph, kernels = call_profile(call, inputs)
                 if kernel == "gluon" and (group, seqlen, causal) == PROFILE_SHAPES[0]:
                     _host_profile(call, inputs, out_dir, name="forward_host_profile.txt")
             log_line(path, {"what": "forward_profile", "kernel": kernel,
                             "shape": shape.as_dict(), "host_ms": host_ms, "event_ms": events,
                             "graph_ms": graph, "kernels": kernels, **env})
             print(f"profile {shape.describe()} {kernel}: host {host_ms:.3f} ms/call, events "
-                  f"{events:.3f}, graph {graph:.3f}; {', '.join(kernels)}", flush=True)
+                  f"{events:.3f}, graph {graph}; {', '.join(kernels)}", flush=True)
 
 
 def main() -> int:
