@@ -80,6 +80,16 @@ def _online_softmax_step(qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset,
     return p, alpha, m_new, l_i
 
 
+def bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
+    """(batch, head, seq) strides of a bshd, bhsd or thd tensor; a varlen (thd) tensor's
+    batch stride is 0 (cu_seqlens places each sequence)."""
+    if layout == "thd":
+        return 0, t.stride(1), t.stride(0)
+    if layout == "bshd":
+        return t.stride(0), t.stride(2), t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
 # TRITON_INTERPRET=1 at import makes every @triton.jit an InterpretedFunction.
 INTERPRETED = not isinstance(_mma, JITFunction)
 

@@ -43,6 +43,7 @@ from attnlab.kernels._primitives import (
     _mma,
     _q_band_bounds,
     _softcap_tanh,
+    bhs_strides,
     kernel_is_interpreted,
     launch_is_traced,
 )
@@ -410,15 +411,6 @@ LAYOUTS = ("bshd", "bhsd", "thd")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # AttentionShape's names
 
 
-def _bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
-    """(batch, head, seq) strides; varlen tensors have no batch dimension (stride 0)."""
-    if layout == "bshd":
-        return t.stride(0), t.stride(2), t.stride(1)
-    if layout == "thd":
-        return 0, t.stride(1), t.stride(0)
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
 def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
     # Other strides may be anything, including 0 (an expanded dout): only the head
     # dim must be unit-stride for the kernels' vector loads.
@@ -520,7 +512,7 @@ def flash_backward(
     tile_rows = max(config.dkdv_block_m, config.dkdv_block_n, config.dq_block_m,
                     config.dq_block_n)
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
-        row_stride = abs(_bhs_strides(t, layout)[2])
+        row_stride = abs(bhs_strides(t, layout)[2])
         if row_stride * tile_rows + head_dim_pad > 2**31 - 1:
             raise ValueError(f"{name}'s sequence stride ({row_stride} elements) is too large for "
                              "the kernels' 32-bit in-tile offsets; pass a contiguous tensor")
@@ -548,7 +540,7 @@ def flash_backward(
     q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
     preprocess[(q_blocks * batch * num_heads,)](
         out, dout, dlse if dlse is not None else lse, delta, cu_q,
-        *_bhs_strides(out, layout), *_bhs_strides(dout, layout), *stat_strides,
+        *bhs_strides(out, layout), *bhs_strides(dout, layout), *stat_strides,
         num_heads, seqlen_q, q_blocks,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=config.dq_block_m,
         HAS_DLSE=dlse is not None, IS_VARLEN=is_varlen,
@@ -557,8 +549,8 @@ def flash_backward(
     kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
     dkdv_kernel[(kv_blocks * batch * num_kv_heads,)](
         q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
-        *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
-        *_bhs_strides(dout, layout), *_bhs_strides(dk, layout), *_bhs_strides(dv, layout),
+        *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
+        *bhs_strides(dout, layout), *bhs_strides(dk, layout), *bhs_strides(dv, layout),
         *stat_strides,
         num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
@@ -567,8 +559,8 @@ def flash_backward(
     )
     dq_kernel[(q_blocks * batch * num_heads,)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
-        *_bhs_strides(q, layout), *_bhs_strides(k, layout), *_bhs_strides(v, layout),
-        *_bhs_strides(dout, layout), *_bhs_strides(dq, layout), *stat_strides,
+        *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
+        *bhs_strides(dout, layout), *bhs_strides(dq, layout), *stat_strides,
         num_heads, group_size, seqlen_q, seqlen_k, q_blocks, *scalars,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,

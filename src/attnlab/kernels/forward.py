@@ -35,6 +35,7 @@ from attnlab.kernels._primitives import (
     _load_kv_tile,
     _mma,
     _online_softmax_step,
+    bhs_strides,
     kernel_is_interpreted,
     launch_is_traced,
 )
@@ -230,15 +231,6 @@ def offsets_need_int64(seqlen: int, row_stride: int, block_rows: int, head_dim_p
     return (seqlen + block_rows) * abs(row_stride) + head_dim_pad > INT32_MAX
 
 
-def _bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
-    """(batch, head, seq) strides; a varlen tensor's batch stride is 0 (cu_seqlens places it)."""
-    if layout == "thd":
-        return 0, t.stride(1), t.stride(0)
-    if layout == "bshd":
-        return t.stride(0), t.stride(2), t.stride(1)
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
 def _gluon_sm90_choice(q, k, v, *, layout, causal, window, softcap):
     """The Gluon sm_90 kernel's config where its committed dispatch table says it measured
     faster (bench/sm90_dispatch_table.py), else None.  Its module imports Gluon, whose API
@@ -325,7 +317,7 @@ def flash_forward(
         config = forward_config(shape, interpreted=kernel_is_interpreted())
 
     q_strides, k_strides, v_strides, o_strides = (
-        _bhs_strides(t, layout) for t in (q, k, v, out))
+        bhs_strides(t, layout) for t in (q, k, v, out))
     offsets_64 = (
         any(offsets_need_int64(seqlen_q, s[2], config.block_m, head_dim_pad)
             for s in (q_strides, o_strides))

@@ -56,7 +56,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from attnlab.kernels._primitives import LOG2E
+from attnlab.kernels._primitives import LOG2E, bhs_strides
 from attnlab.kernels.configs import GLUON_SM90_TRITON_VERSIONS, length_bucket
 
 # The Triton release(s) this file was compiled and checked against.
@@ -519,12 +519,6 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return reason is None, reason or ""
 
 
-def _bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
-    if layout == "bshd":
-        return t.stride(0), t.stride(2), t.stride(1)
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
 def flash_forward_sm90(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     layout: str, scale: float, causal: bool = False, config: Sm90Config | None = None,
@@ -555,7 +549,7 @@ def flash_forward_sm90(
     kernel[grid](
         _descriptor(q, layout, BLOCK_M // 2), _descriptor(k, layout, config.block_n),
         _descriptor(v, layout, config.block_n),
-        out, lse, *_bhs_strides(out, layout),
+        out, lse, *bhs_strides(out, layout),
         num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_work, scale * LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, STAGES=config.stages,
         IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs, **meta,
@@ -572,7 +566,7 @@ def _sm_count(device: torch.device) -> int:
 def _descriptor(t: torch.Tensor, layout: str, rows: int) -> TensorDescriptor:
     """A host TMA descriptor over t as (batch, head, sequence, head dim), whatever its
     memory layout, with a box of ``rows`` rows of one (batch, head)."""
-    sb, sh, ss = _bhs_strides(t, layout)
+    sb, sh, ss = bhs_strides(t, layout)
     if layout == "bshd":
         batch, seqlen, heads, head_dim = t.shape
     else:
