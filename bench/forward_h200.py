@@ -312,7 +312,8 @@ def main() -> int:
     parser.add_argument("--phases", default="tune,correct,bench")
     parser.add_argument("--tune-budget", type=float, default=200.0)
     parser.add_argument("--bench-budget", type=float, default=240.0)
-    parser.add_argument("--flex", action="store_true")
+    parser.add_argument("--flex", nargs="?", const="some", choices=("some", "all"),
+                        help="add FlexAttention: at a few lengths per group, or at all")
     parser.add_argument("--groups", default="d128,d64,gqa_d256",
                         help="the bench phase's shape groups (comma-separated)")
     args = parser.parse_args()
@@ -346,8 +347,9 @@ def main() -> int:
     if "bench" in phases:
         seqlens = {"d128": [1024, 2048, 4096, 8192, 16384], "d64": [1024, 4096, 16384],
                    "gqa_d256": [1024, 4096, 16384, 32768]}
-        flex_lengths = {"d128": [1024, 4096, 16384], "d64": [4096], "gqa_d256": [4096, 16384]} \
-            if args.flex else {}
+        flex_lengths = ({"d128": [1024, 4096, 16384], "d64": [4096],
+                         "gqa_d256": [4096, 16384]} if args.flex == "some"
+                        else seqlens if args.flex == "all" else {})
         groups = args.groups.split(",")
         table = phase_bench(args.out, {g: n for g, n in seqlens.items() if g in groups},
                             flex_lengths, args.bench_budget, env)

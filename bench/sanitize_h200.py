@@ -30,6 +30,7 @@ memory; a case that does not fit is skipped with the reason.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -224,17 +225,12 @@ def run_decode(case: dict, seed: int) -> str:
 
 
 def run_forward_sm90(case: dict, seed: int) -> str:
-    from attnlab.kernels.forward_sm90 import (
-        DEFAULT_CONFIGS,
-        Sm90Config,
-        flash_forward_sm90,
-        supports,
-    )
+    from attnlab.kernels.forward_sm90 import DEFAULT_CONFIGS, flash_forward_sm90, supports
 
     q, k, v = dense_inputs(case, seed)
-    base = DEFAULT_CONFIGS[case["d"]]
-    config = Sm90Config(base.block_n, base.stages, base.producer_regs,
-                        case.get("schedule", base.schedule), case.get("persistent", False))
+    config = dataclasses.replace(DEFAULT_CONFIGS[case["d"]], **{
+        field: case[field] for field in ("schedule", "persistent", "rescale", "store")
+        if field in case})
     ok, reason = supports(q, k, v, case.get("causal", False), config=config)
     if not ok:
         raise Skip(reason)
@@ -313,6 +309,11 @@ def grid() -> list[tuple[str, object, dict]]:
     cases.append(("forward_sm90 persistent d256", run_forward_sm90,
                   dict(seqlen_q=300, seqlen_k=217, d=256, dtype=BF16, batch=48, heads=(1, 1),
                        causal=True, persistent=True)))
+    # The early O rescale and the 16-byte O stores (a ragged last block's rows masked).
+    for d in (64, 128, 256):
+        cases.append((f"forward_sm90 early rescale, vector store d{d}", run_forward_sm90,
+                      dict(seqlen_q=250, seqlen_k=301, d=d, dtype=BF16, batch=40, heads=(3, 1),
+                           causal=d != 128, persistent=True, rescale="early", store="vector")))
     return cases
 
 
@@ -324,7 +325,8 @@ def free_bytes() -> int:
     return torch.cuda.mem_get_info()[0]
 
 
-def big_dense(layout: str, seqlen_q: int, seqlen_k: int, causal: bool) -> str:
+def big_dense(layout: str, seqlen_q: int, seqlen_k: int, causal: bool,
+              kernel: str = "triton") -> str:
     heads, d = 32, 128
     need = 2 * max(seqlen_q, seqlen_k) * heads * d * 2 + (6 << 30)
     if free_bytes() < need:
@@ -333,7 +335,16 @@ def big_dense(layout: str, seqlen_q: int, seqlen_k: int, causal: bool) -> str:
                 dtype=BF16, layout=layout)
     q, k, v = dense_inputs(case, seed=21)
     scale = 1.0 / math.sqrt(d)
-    out, lse = flash_forward(q, k, v, layout=layout, scale=scale, causal=causal)
+    if kernel.startswith("gluon"):
+        from attnlab.kernels.forward_sm90 import DEFAULT_CONFIGS, flash_forward_sm90, supports
+        config = dataclasses.replace(DEFAULT_CONFIGS[d], persistent=kernel == "gluon-persistent")
+        ok, reason = supports(q, k, v, causal, config=config)
+        if not ok:
+            raise Skip(reason)
+        out, lse = flash_forward_sm90(q, k, v, layout=layout, scale=scale, causal=causal,
+                                      config=config)
+    else:
+        out, lse = flash_forward(q, k, v, layout=layout, scale=scale, causal=causal)
     sync()
     axis = 2 if layout == "bshd" else 1
     for head in (0, heads - 1):  # the chunked reference: one head's whole rows at a time
@@ -374,6 +385,10 @@ def big_cases() -> list[tuple[str, object, tuple]]:
         ("big: bshd 600k q x 256 k (Q/O past 2^31)", big_dense, ("bshd", 600_000, 256, False)),
         ("big: bhsd 64 q x 600k k, causal (32-bit row path)", big_dense,
          ("bhsd", 64, 600_000, True)),
+        ("big: Gluon bshd 64 q x 600k k, causal (K/V past 2^31)", big_dense,
+         ("bshd", 64, 600_000, True, "gluon")),
+        ("big: Gluon bhsd 600k q x 256 k (Q/O past 2^31)", big_dense,
+         ("bhsd", 600_000, 256, False, "gluon-persistent")),
         ("big: varlen [100000, 1, 499999] (first token past 2^31)", big_varlen,
          ([100_000, 1, 499_999],)),
         ("big: varlen [7, 599993] (64-bit row path)", big_varlen, ([7, 599_993],)),

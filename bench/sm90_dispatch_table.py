@@ -22,30 +22,36 @@ Triton kernel, and the table lists it under ``dropped`` with both numbers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import re
+import sys
 from pathlib import Path
 
 TABLE = Path(__file__).resolve().parents[1] / "src" / "attnlab" / "kernels" / "sm90_dispatch.json"
-CONFIG = re.compile(r"sm90\[n(\d+),s(\d+),r(\d+),(\w+)(,persistent)?\]")
+sys.path.insert(0, str(TABLE.parents[2]))
+from attnlab.kernels.configs import length_bucket  # noqa: E402
+from attnlab.kernels.forward_sm90 import Sm90Config  # noqa: E402
 
 
-def dispatch_entries(winners: list[dict]) -> list[dict]:
-    entries = []
+def dispatch_entries(winners: list[dict], min_gain: float) -> tuple[list[dict], list[dict]]:
+    """(entries, near misses): the buckets where the best Gluon config beat the Triton
+    kernel by at least ``min_gain`` (a smaller lead is within run-to-run noise), and those
+    where it won by less."""
+    entries, near = [], []
     for row in winners:
         if row["winner"] != "sm90":
             continue
-        block_n, stages, regs, schedule, persistent = CONFIG.fullmatch(
-            row["sm90_config"]).groups()
+        if row["sm90_vs_triton"] < min_gain:
+            near.append({key: row[key] for key in ("head_dim", "causal", "bucket",
+                                                    "sm90_config", "sm90_vs_triton")})
+            continue
         entries.append({
             "head_dim": row["head_dim"], "causal": row["causal"], "bucket": row["bucket"],
-            "config": {"block_n": int(block_n), "stages": int(stages),
-                       "producer_regs": int(regs), "schedule": schedule,
-                       "persistent": persistent is not None},
+            "config": dataclasses.asdict(Sm90Config.from_name(row["sm90_config"])),
             "sm90_vs_triton": round(row["sm90_vs_triton"], 4),
             "measured_heads": row["heads"],
         })
-    return entries
+    return entries, near
 
 
 def _public_rows(path: Path) -> dict[tuple, dict]:
@@ -94,25 +100,29 @@ def main() -> None:
     parser.add_argument("--public", type=Path,
                         help="public-path records measured with the kernel-time table")
     parser.add_argument("--baseline", type=Path, help="public-path records before it")
+    parser.add_argument("--min-gain", type=float, default=1.02,
+                        help="the least Gluon/Triton ratio a bucket needs (default 1.02)")
     args = parser.parse_args()
     if (args.public is None) != (args.baseline is None):
         parser.error("--public and --baseline go together")
     measured = json.loads(args.winners.read_text())
-    entries, dropped = dispatch_entries(measured["winners"]), []
+    (entries, near), dropped = dispatch_entries(measured["winners"], args.min_gain), []
     if args.public is not None:
-        import sys
-        sys.path.insert(0, str(TABLE.parents[2]))
-        from attnlab.kernels.configs import length_bucket
         entries, dropped = public_path_drops(entries, args.public, args.baseline, length_bucket)
-    table = {"source": measured["env"], "entries": entries}
+    table = {"source": measured["env"], "min_gain": args.min_gain, "entries": entries}
     if dropped:
         table["dropped"] = dropped
+    if near:
+        table["below_min_gain"] = near
     args.out.write_text(json.dumps(table, indent=1) + "\n")
     print(f"{len(entries)} buckets dispatch to the Gluon sm_90 kernel -> {args.out}")
     for entry in dropped:
         print(f"  left to the Triton kernel: d={entry['head_dim']} causal={entry['causal']} "
               f"bucket {entry['bucket']}: public path {entry['public_tflops']} < "
               f"{entry['baseline_public_tflops']} TFLOP/s before")
+    for entry in near:
+        print(f"  left to the Triton kernel: d={entry['head_dim']} causal={entry['causal']} "
+              f"bucket {entry['bucket']}: Gluon only {entry['sm90_vs_triton']:.3f}x")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ TFLOP/s count 4·B·H·N²·d, halved when causal.  A config that fails accuracy
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -76,9 +77,8 @@ def phase_accuracy(out_dir: str, quick: bool) -> int:
     # batch 16 makes that so for the longer pairs.
     for head_dim, schedule, persistent in itertools.product(
             sm90.SUPPORTED_HEAD_DIMS, sm90.SCHEDULES, (False, True)):
-        base = sm90.DEFAULT_CONFIGS[head_dim]
-        config = sm90.Sm90Config(base.block_n, base.stages, base.producer_regs, schedule,
-                                 persistent)
+        config = dataclasses.replace(sm90.DEFAULT_CONFIGS[head_dim], schedule=schedule,
+                                     persistent=persistent)
         batch = 16 if persistent else 2
         for causal in (False, True):
             for (nq, nk) in pairs:
@@ -109,21 +109,21 @@ def phase_accuracy(out_dir: str, quick: bool) -> int:
     return failures
 
 
-def sweep_configs(head_dim: int, quick: bool) -> list[sm90.Sm90Config]:
-    """Both schedules, one program per block or persistent, at each head dim's default
-    tiles (the best of session 3's first sweep, bench/NOTES.md attempt 11: the other
-    stage count was within 2% where it fit)."""
+def sweep_configs(head_dim: int, quick: bool, schedules=sm90.SCHEDULES,
+                  rescales=("late",), stores=("direct",)) -> list[sm90.Sm90Config]:
+    """One program per block or persistent, for each schedule, rescale place and store,
+    at each head dim's default tiles (the best of session 3's first sweep,
+    bench/NOTES.md attempt 11: the other stage count was within 2% where it fit)."""
     base = sm90.DEFAULT_CONFIGS[head_dim]
-    candidates = [sm90.Sm90Config(base.block_n, base.stages, 24, schedule, persistent)
-                  for persistent in (False, True) for schedule in sm90.SCHEDULES]
+    candidates = [dataclasses.replace(base, schedule=schedule, persistent=persistent,
+                                      rescale=rescale, store=store)
+                  for persistent in (False, True) for schedule in schedules
+                  for rescale in rescales for store in stores]
+    candidates = [c for c in candidates
+                  if sm90.shared_memory_bytes(head_dim, c) <= sm90.SHARED_MEMORY_LIMIT]
     if quick:
         candidates = candidates[:2]
     return candidates
-
-
-def config_name(config: sm90.Sm90Config) -> str:
-    return (f"sm90[n{config.block_n},s{config.stages},r{config.producer_regs},"
-            f"{config.schedule}{',persistent' if config.persistent else ''}]")
 
 
 def record_for(name, shape, timing, env, kernel_names=()):
@@ -154,7 +154,7 @@ def time_shape(shape: AttentionShape, configs, env, records, failed_configs) -> 
         key = (shape.head_dim, shape.causal, config)
         if key in failed_configs:
             continue
-        timed(config_name(config), lambda q, k, v, c=config: sm90.flash_forward_sm90(
+        timed(config.name(), lambda q, k, v, c=config: sm90.flash_forward_sm90(
             q, k, v, layout="bshd", scale=scale, causal=shape.causal, config=c),
             [(q, k, v)], kernel_names=[sm90.kernel_name(config)])
     # An explicit config keeps flash_forward on the Triton kernel (no Gluon dispatch).
@@ -189,7 +189,7 @@ def check_configs(configs, head_dim, causal, failed_configs, accuracy_rows):
             print("CONFIG FAILS ACCURACY, not timed:", json.dumps(case), flush=True)
 
 
-def phase_sweep(out_dir, env, quick, budget_s, head_dims) -> list[tuple]:
+def phase_sweep(out_dir, env, quick, budget_s, head_dims, variants=None) -> list[tuple]:
     started = time.time()
     records, table, failed, accuracy_rows = [], [], set(), []
     lengths = {128: (1024, 2048, 4096, 8192, 16384), 64: (1024, 4096, 16384)}
@@ -213,7 +213,7 @@ def phase_sweep(out_dir, env, quick, budget_s, head_dims) -> list[tuple]:
         if time.time() - started > budget_s:
             print("sweep: time budget spent; stopping", flush=True)
             break
-        configs = sweep_configs(d, quick)
+        configs = sweep_configs(d, quick, **(variants or {}))
         if (d, causal) not in checked:
             check_configs(configs, d, causal, failed, accuracy_rows)
             checked.add((d, causal))
@@ -294,7 +294,12 @@ def main() -> int:
                         help="comma-separated: accuracy (the grid), sweep (timing + winners)")
     parser.add_argument("--head-dims", default="128,64,256",
                         help="head dims the sweep times (256 = the GQA layer)")
+    parser.add_argument("--schedules", default=",".join(sm90.SCHEDULES))
+    parser.add_argument("--rescales", default="late", help=f"of {sm90.RESCALES}")
+    parser.add_argument("--stores", default="direct", help=f"of {sm90.STORES}")
     args = parser.parse_args()
+    variants = {"schedules": args.schedules.split(","), "rescales": args.rescales.split(","),
+                "stores": args.stores.split(",")}
     os.makedirs(args.out, exist_ok=True)
     env = environment(COMMAND)
     print(json.dumps(env), flush=True)
@@ -311,7 +316,7 @@ def main() -> int:
     failures = phase_accuracy(args.out, args.quick) if "accuracy" in phases else 0
     print(f"accuracy phase: {time.time() - started:.0f} s", flush=True)
     head_dims = [int(d) for d in args.head_dims.split(",")]
-    table = (phase_sweep(args.out, env, args.quick, args.sweep_budget, head_dims)
+    table = (phase_sweep(args.out, env, args.quick, args.sweep_budget, head_dims, variants)
              if "sweep" in phases else [])
     table_rows = winners(table)
     with open(os.path.join(args.out, "sm90_winners.json"), "w") as f:

@@ -96,6 +96,20 @@ def test_configs_outside_the_compiled_space_are_rejected(fields):
         Sm90Config(**fields)
 
 
+@pytest.mark.parametrize("config", [Sm90Config(128, 2), Sm90Config(64, 3, 32, "pingpong", True),
+                                    Sm90Config(128, 2, rescale="early", store="vector"),
+                                    Sm90Config(64, 2, persistent=True, store="vector")])
+def test_config_names_round_trip(config):
+    # The sweep's records and the winners file name configs; the table script reads them.
+    assert Sm90Config.from_name(config.name()) == config
+
+
+@pytest.mark.parametrize("name", ["sm90[n128,s2,r24,split,fast]", "sm90[n128,s2]", "n128"])
+def test_unknown_config_names_are_refused(name):
+    with pytest.raises(ValueError, match="sm90 config name"):
+        Sm90Config.from_name(name)
+
+
 # ----- sm_90 code without a GPU (CPU, ~5 s) -----------------------------------------------
 
 @built_here
@@ -106,12 +120,15 @@ def test_compiles_for_sm90_with_roles_and_overlap():
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "src"),
                                          env.get("PYTHONPATH", "")])
     script = ("import json; from attnlab.kernels.forward_sm90 import *; "
-              "k = compile_for_sm90(128, DEFAULT_CONFIGS[128], causal=True); "
-              "print(json.dumps(overlap_evidence(k.asm)))")
+              "c = DEFAULT_CONFIGS[128]; k = compile_for_sm90(128, c, causal=True); "
+              "print(json.dumps({**overlap_evidence(k.asm), 'shared': k.metadata.shared, "
+              "'estimate': shared_memory_bytes(128, c)}))")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     evidence = json.loads(done.stdout.strip().splitlines()[-1])
+    # The refusal's shared-memory estimate is an upper bound, and a tight one.
+    assert 0 <= evidence["estimate"] - evidence["shared"] <= 1024
     # The producer gives registers back, the consumers take them (setmaxnreg per role).
     assert ["dec", "24"] in evidence["setmaxnreg"] and ["inc", "240"] in evidence["setmaxnreg"]
     # S_j is waited for while P_{j-1} V_{j-1} stays in flight, in both loop stages of
@@ -263,6 +280,7 @@ def test_dispatch_table_script_leaves_publicly_slower_buckets_to_triton(tmp_path
     table = json.loads(out.read_text())
     assert [(e["causal"], e["bucket"]) for e in table["entries"]] == [(True, 4096)]
     assert table["entries"][0]["config"] == {"block_n": 128, "stages": 2, "producer_regs": 24,
-                                             "schedule": "split", "persistent": True}
+                                             "schedule": "split", "persistent": True,
+                                             "rescale": "late", "store": "direct"}
     assert [(e["bucket"], e["public_tflops"], e["baseline_public_tflops"])
             for e in table["dropped"]] == [(1024, 170.0, 297.0)]
