@@ -1,0 +1,133 @@
+"""Host time of one forward call, layer by layer, on a GPU: where the public path's
+microseconds go before the kernel runs.
+
+    PYTHONPATH=src python3 bench/host_cost_h200.py --out OUT
+
+A tiny shape (1 x 128 tokens, one head, d = 128) keeps the GPU's work at a few
+microseconds, so each layer's time per call is host time.  Layers, outermost first:
+``attnlab.attention`` (validation, dispatch, launch), ``kernels.forward.flash_forward``
+(dispatch + launch), ``forward_sm90.dispatch_config``, ``forward_sm90.launch``
+(descriptors + JIT launch), the three TMA descriptors alone, the JIT launch with
+prebuilt descriptors, and Triton's compiled-kernel launcher called directly (what a
+launch costs without the JIT's argument binding); the Triton kernel's
+``flash_forward`` and SDPA (cuDNN) for scale.  Writes host_cost.jsonl and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+COMMAND = "PYTHONPATH=src python3 bench/host_cost_h200.py " + " ".join(sys.argv[1:])
+
+
+def per_call_us(fn, calls: int = 300, rounds: int = 7) -> tuple[float, float]:
+    """(median, min) over rounds of the mean host time of ``calls`` back-to-back calls."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    means = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        means.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(means), min(means)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 2
+    import torch.nn.functional as F
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import attnlab
+    from attnlab.kernels import forward_sm90 as sm90
+    from attnlab.kernels.configs import forward_config
+    from attnlab.kernels.forward import flash_forward
+    from attnlab.measure.records import environment
+    from attnlab.shapes import AttentionShape
+
+    env = environment(COMMAND)
+    q, k, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))  # bhsd: attnlab.attention's layout
+    scale = 128 ** -0.5
+    config = sm90.DEFAULT_CONFIGS[128]
+    layers: dict[str, object] = {}
+    if sm90.supports(q, k, v, True, config=config)[0]:
+        # The public path must take the Gluon kernel whatever the table says at N = 128.
+        sm90._dispatch_table = lambda: {(128, True, b): config for b in (128, 1024)}
+        kernel, meta = sm90._kernel_and_meta(config)
+        descriptors = (sm90._descriptor(q, "bhsd", sm90.BLOCK_M // 2),
+                       sm90._descriptor(k, "bhsd", config.block_n),
+                       sm90._descriptor(v, "bhsd", config.block_n))
+        out = torch.empty_like(q)
+        lse = torch.empty(1, 1, 128, device="cuda", dtype=torch.float32)
+        strides = sm90.bhs_strides(out, "bhsd")
+        jit_args = (*descriptors, out, lse, *strides, 1, 1, 128, 128, 1, scale * sm90.LOG2E)
+        jit_kwargs = dict(HEAD_DIM=128, BLOCK_M=sm90.BLOCK_M, BLOCK_N=config.block_n,
+                          STAGES=config.stages, IS_CAUSAL=True,
+                          PRODUCER_REGS=config.producer_regs, **meta,
+                          maxnreg=sm90.maxnreg(config))
+        compiled = kernel[(1,)](*jit_args, **jit_kwargs)
+        # The same launch Triton 3.6's JITFunction.run ends with, minus its argument
+        # binding and cache lookup (constexprs ride along; the launcher skips them).
+        bound = (*jit_args, *(jit_kwargs[name] for name in (
+            "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "IS_CAUSAL", "PRODUCER_REGS",
+            "CONSUMER_REGS", "PINGPONG", "EARLY_RESCALE", "VECTOR_STORE", "num_warps")))
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def direct():
+            compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata, None,
+                         None, None, *bound)
+
+        layers.update({
+            "attnlab.attention (Gluon)": lambda: attnlab.attention(q, k, v, causal=True),
+            "flash_forward (Gluon)": lambda: flash_forward(q, k, v, layout="bhsd",
+                                                           scale=scale, causal=True),
+            "dispatch_config": lambda: sm90.dispatch_config(
+                q, k, v, layout="bhsd", causal=True, window=(-1, -1), softcap=0.0),
+            "forward_sm90.launch": lambda: sm90.launch(q, k, v, layout="bhsd", scale=scale,
+                                                       causal=True, config=config),
+            "3 TMA descriptors": lambda: [sm90._descriptor(t, "bhsd", r) for t, r in
+                                          ((q, 64), (k, config.block_n), (v, config.block_n))],
+            "JIT launch, prebuilt descriptors": lambda: kernel[(1,)](*jit_args, **jit_kwargs),
+            "compiled-kernel launcher, direct": direct,
+        })
+    shape = AttentionShape(batch=1, query_heads=1, kv_heads=1, seqlen_q=128, seqlen_k=128,
+                           head_dim=128, dtype="bf16", causal=True)
+    triton_config = forward_config(shape)
+    layers["flash_forward (Triton kernel)"] = lambda: flash_forward(
+        q, k, v, layout="bhsd", scale=scale, causal=True, config=triton_config)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    layers["SDPA cuDNN (with its context manager)"] = cudnn
+    rows = []
+    for name, fn in layers.items():
+        median, best = per_call_us(fn)
+        rows.append({"what": "host_cost", "layer": name, "median_us": round(median, 1),
+                     "min_us": round(best, 1), "triton": triton.__version__, **env})
+        print(f"  {name:42s} {median:7.1f} us/call (min {best:6.1f})", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "host_cost.jsonl"), "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
