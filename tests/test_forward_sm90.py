@@ -104,6 +104,27 @@ def test_config_names_round_trip(config):
     assert Sm90Config.from_name(config.name()) == config
 
 
+def test_launch_key_separates_what_triton_specialises_on():
+    # The launcher reuses a compiled kernel only under the key Triton itself would
+    # specialise on: a stride past 2^31 (64-bit), a unit stride, an odd one, another
+    # config, dtype or mask each get their own compile.
+    from attnlab.kernels.forward_sm90 import launch_key
+
+    q = torch.empty(2, 256, 4, 128, dtype=torch.bfloat16, device="meta")
+    config = Sm90Config(128, 2)
+    base = launch_key(config, True, q, (131072, 128, 512), 4096)
+    assert base == launch_key(config, True, q, (262144, 32768, 128), 8192)  # bshd vs bhsd
+    for other in (launch_key(config, True, q, (2**31, 128, 512), 4096),
+                  launch_key(config, True, q, (131072, 1, 512), 4096),
+                  launch_key(config, True, q, (131072, 136, 520), 4096),
+                  launch_key(config, True, q, (131072, 128, 512), 2**31),
+                  launch_key(config, False, q, (131072, 128, 512), 4096),
+                  launch_key(Sm90Config(128, 2, store="vector"), True, q, (131072, 128, 512),
+                             4096),
+                  launch_key(config, True, q.half(), (131072, 128, 512), 4096)):
+        assert other != base
+
+
 @pytest.mark.parametrize("name", ["sm90[n128,s2,r24,split,fast]", "sm90[n128,s2]", "n128"])
 def test_unknown_config_names_are_refused(name):
     with pytest.raises(ValueError, match="sm90 config name"):

@@ -644,16 +644,53 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, sc
     num_work = triton.cdiv(seqlen_q, BLOCK_M) * batch * num_heads
     grid = (min(num_work, _sm_count(q.device)) if config.persistent else num_work,)
     kernel, meta = _kernel_and_meta(config)
-    kernel[grid](
-        _descriptor(q, layout, BLOCK_M // 2), _descriptor(k, layout, config.block_n),
-        _descriptor(v, layout, config.block_n),
-        out, lse, *bhs_strides(out, layout),
-        num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_work, scale * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, STAGES=config.stages,
-        IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs, **meta,
-        maxnreg=maxnreg(config),
-    )
+    strides = bhs_strides(out, layout)
+    args = (_descriptor(q, layout, BLOCK_M // 2), _descriptor(k, layout, config.block_n),
+            _descriptor(v, layout, config.block_n), out, lse, *strides,
+            num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_work, scale * LOG2E)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
+                      STAGES=config.stages, IS_CAUSAL=causal,
+                      PRODUCER_REGS=config.producer_regs, **meta)
+    key = launch_key(config, causal, q, strides, max(seqlen_q, seqlen_k, num_work))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        if kernel.arg_names != [*kernel.arg_names[:len(args)], *constexprs]:
+            raise RuntimeError("attnlab bug: the launch arguments are out of the kernel's "
+                               "parameter order")
+        _COMPILED[key] = kernel[grid](*args, **constexprs, maxnreg=maxnreg(config))
+    else:
+        _launch_compiled(compiled, grid, (*args, *constexprs.values()))
     return out, lse
+
+
+# Launched kernels by launch_key: JITFunction.run binds and specialises every argument
+# on every call, 38-54 us of host time for this kernel's 3 descriptors and 19 arguments
+# on the H200's host (bench/host_cost_h200.py, session 4 run 4) against 12-16 us for
+# the launcher itself; the call after the first goes straight to the launcher.
+_COMPILED: dict[tuple, object] = {}
+
+
+def launch_key(config: Sm90Config, causal: bool, q: torch.Tensor, out_strides, largest: int
+               ) -> tuple:
+    """What Triton specialises this kernel on, beyond the constexprs (config, causal, head
+    dim, dtype): each output stride's value-1 / divisible-by-16 / 32-bit-or-not class, and
+    whether the unspecialised sizes fit 32 bits.  The descriptors' types follow from the
+    dtype and config; O and LSE are fresh allocations (always 16-byte aligned)."""
+    return (config, causal, q.shape[-1], q.dtype, q.device,
+            tuple((s == 1, s % 16 == 0, s < 2**31) for s in out_strides), largest < 2**31)
+
+
+def _launch_compiled(compiled, grid: tuple[int], bound_args: tuple) -> None:
+    """Triton 3.6's JITFunction.run after its cache lookup (BUILT_FOR_TRITON pins the
+    version): the compiled kernel's launcher with every parameter in signature order
+    (the constexprs ride along; the launcher skips them), the launch hooks honoured."""
+    from triton import knobs
+
+    stream = torch.cuda.current_stream().cuda_stream
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    metadata = compiled.launch_metadata(grid, stream, *bound_args) if enter else None
+    compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, metadata,
+                 enter, exit_, *bound_args)
 
 
 @functools.cache
@@ -692,10 +729,12 @@ def kernel_name(config: Sm90Config) -> str:
 def _kernel_and_meta(config: Sm90Config):
     """The kernel and its schedule-dependent meta-parameters (num_warps = the default
     partition's warps, i.e. consumer warpgroup 0)."""
-    return _attn_fwd_sm90, {"num_warps": CONSUMER_WARPS, "CONSUMER_REGS": CONSUMER_REGS,
+    # In the kernel's parameter order: _launch_compiled passes them by position.
+    return _attn_fwd_sm90, {"CONSUMER_REGS": CONSUMER_REGS,
                             "PINGPONG": config.schedule == "pingpong",
                             "EARLY_RESCALE": config.rescale == "early",
-                            "VECTOR_STORE": config.store == "vector"}
+                            "VECTOR_STORE": config.store == "vector",
+                            "num_warps": CONSUMER_WARPS}
 
 
 @functools.cache
