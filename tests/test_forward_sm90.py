@@ -209,6 +209,24 @@ def test_gpu_every_config_that_fits(head_dim, block_n, stages, schedule):
         run_and_check(q, k, v, layout="bshd", causal=causal, config=config)
 
 
+def _dispatched_configs():
+    from attnlab.kernels.forward_sm90 import _dispatch_table
+
+    return sorted({(d, causal, config) for (d, causal, _), config in _dispatch_table().items()},
+                  key=str)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize(("head_dim", "causal", "config"), _dispatched_configs(), ids=str)
+def test_gpu_every_dispatched_config(head_dim, causal, config):
+    # What the committed table sends to this kernel, on ragged GQA with 768 query blocks
+    # (a persistent config walks ~6 per program, odd snake rounds included).
+    q, k, v = make_qkv(16, 6, 2, 1000, 1337, head_dim, torch.bfloat16, layout="bshd",
+                       seed=head_dim + causal)
+    run_and_check(q, k, v, layout="bshd", causal=causal, config=config)
+
+
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("schedule", SCHEDULES)
