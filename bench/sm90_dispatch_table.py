@@ -11,12 +11,14 @@ by hand:
         [--public OUT/prefill_forward.jsonl --baseline bench/results/prefill_forward.jsonl]
 
 The sweep times the launchers.  A user's eager call also pays the public path's host
-time, which is larger on the Gluon path (session 3 run 4: ~0.4 ms per call at d = 128,
-where the Triton path stays under its kernel time).  With ``--public`` (the public-path
-records of a run made with the kernel-time table in force, ``bench/forward_h200.py
+time (session 3 run 4 seemed to show ~0.4 ms per call on the Gluon path; session 4's
+profile found 0.1-0.17 ms, bench/NOTES.md attempts 14-15).  With ``--public`` (the
+public-path records of a run made with the kernel-time table in force, ``bench/forward_h200.py
 --phases bench``) and ``--baseline`` (the public-path records before it), a bucket
 whose public-path TFLOP/s fell below the baseline's at the same shape is left to the
-Triton kernel, and the table lists it under ``dropped`` with both numbers.
+Triton kernel, and the table lists it under ``dropped`` with both numbers.  A bucket
+whose Gluon lead is under ``--min-gain`` (default 2%, within run-to-run spread) is left
+to the Triton kernel too, under ``below_min_gain``.
 """
 
 from __future__ import annotations

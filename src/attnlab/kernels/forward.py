@@ -271,10 +271,10 @@ def flash_forward(
         sm90_config = _gluon_sm90_choice(q, k, v, layout=layout, causal=causal, window=window,
                                          softcap=softcap)
         if sm90_config is not None:
-            from attnlab.kernels import forward_sm90
+            from attnlab.kernels.forward_sm90 import launch
 
-            return forward_sm90.launch(q, k, v, layout=layout, scale=scale, causal=causal,
-                                       config=sm90_config)
+            return launch(q, k, v, layout=layout, scale=scale, causal=causal,
+                          config=sm90_config)
     if is_varlen:
         if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None \
                 or max_seqlen_k is None:

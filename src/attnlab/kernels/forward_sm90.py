@@ -18,7 +18,12 @@ writes FA3's schedule out by hand (Shah et al. 2024, sections 3.1-3.2) with
   with the registers the producer gave up (240).  Each runs the intra-warpgroup
   overlap: issue S_j = Q K_j^T, issue O += P_{j-1} V_{j-1}, wait for S_j only
   (``warpgroup_mma_wait(1)``), run the softmax of tile j on the CUDA cores while
-  P_{j-1} V_{j-1} is still on the tensor cores, then wait and rescale O.
+  P_{j-1} V_{j-1} is still on the tensor cores, then wait; O is rescaled either then or,
+  FA3's place, while S_{j+1} runs (``Sm90Config.rescale``), and stored as it comes out
+  of wgmma or in 16-byte vectors through shared memory (``Sm90Config.store``).
+
+The grid is one program per 128-row block, or persistent (one per SM, walking the
+blocks in snake order so causal work balances, ``_snake_rounds``).
 
 Each consumer warpgroup is a partition of its own because Triton puts a
 partition-wide ``bar.sync`` before every mbarrier wait and arrive: with both
