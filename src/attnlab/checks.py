@@ -220,11 +220,18 @@ def check_softcap(value: Any, name: str = "softcap") -> float:
     return number
 
 
+def _type_name(kind: type) -> str:
+    """A type as a user writes it: attnlab's and Python's by name, another package's
+    with the package in front (``torch.Tensor``)."""
+    package = kind.__module__.split(".")[0]
+    return kind.__name__ if package in ("builtins", "attnlab") else f"{package}.{kind.__name__}"
+
+
 def check_instance(name: str, value: Any, kind: type | tuple[type, ...]) -> Any:
     """``value`` if it is an instance of ``kind``; TypeError naming the expected type."""
     if not isinstance(value, kind):
         kinds = kind if isinstance(kind, tuple) else (kind,)
-        expected = " or ".join(k.__name__ for k in kinds)
+        expected = " or ".join(_type_name(k) for k in kinds)
         article = "an" if expected[0] in "AEIOU" else "a"
         raise ArgumentTypeError(f"{name} must be {article} {expected}, "
                                 f"got {type(value).__name__}")

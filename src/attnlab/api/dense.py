@@ -13,13 +13,12 @@ from attnlab.api.common import (
     _resolve_impl,
     _triton_ready,
 )
-from attnlab.checks import check_bool, check_scale
+from attnlab.checks import check_bool, check_instance, check_scale
 
 
 def _check_tensors(q, k, v, layout: str) -> tuple[int, int, int, int, int, int]:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_instance(name, t, torch.Tensor)
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D ({layout}), got shape {tuple(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
@@ -107,8 +106,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
 
 def _check_packed(name: str, packed, dim: int, parts: int) -> None:
-    if not isinstance(packed, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(packed).__name__}")
+    check_instance(name, packed, torch.Tensor)
     if packed.dim() != dim or packed.shape[dim - 3] != parts:
         layout = "(batch, seqlen, 3, heads, head_dim)" if parts == 3 else \
             "(batch, seqlen, 2, kv_heads, head_dim)"

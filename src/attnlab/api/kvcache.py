@@ -12,7 +12,7 @@ from attnlab.api.common import (
     _refuse_unsupported,
     _resolve_impl,
 )
-from attnlab.checks import check_bool, check_int, check_scale
+from attnlab.checks import check_bool, check_instance, check_int, check_scale
 
 
 def _check_index_tensor(name: str, t, batch: int, device) -> None:
@@ -30,8 +30,7 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
                            cache_batch_idx, cache_leftpad, block_table) -> int:
     """Shapes, dtypes and devices of flash_attn_with_kvcache's tensors; returns the capacity."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_instance(name, t, torch.Tensor)
     if q.dim() != 4 or min(q.shape) == 0:
         raise ValueError(f"q must be 4-D (batch, seqlen_q, heads, head_dim), non-empty; got "
                          f"shape {tuple(q.shape)}")
@@ -92,8 +91,7 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
         raise ValueError("k and v must both be given (new keys and values to append) or both None")
     if k is not None:
         for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            check_instance(name, t, torch.Tensor)
             if t.dim() != 4 or t.shape[0] != batch or t.shape[1] == 0 or t.shape[2:] != (kv_heads, head_dim):
                 raise ValueError(f"{name} must be (batch, seqlen_new, kv_heads, head_dim) = "
                                  f"({batch}, >= 1, {kv_heads}, {head_dim}), got {tuple(t.shape)}")

@@ -13,14 +13,13 @@ from attnlab.api.common import (
     _resolve_impl,
     _triton_ready,
 )
-from attnlab.checks import check_bool, check_int, check_scale
+from attnlab.checks import check_bool, check_instance, check_int, check_scale
 
 
 def _check_varlen_tensors(q, k, v) -> tuple[int, int, int]:
     """(heads, kv_heads, head_dim) of packed q, k, v; the same rules as the dense calls."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_instance(name, t, torch.Tensor)
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D (total_tokens, heads, head_dim), got shape "
                              f"{tuple(t.shape)}")
@@ -165,8 +164,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 
 def _check_varlen_packed(name: str, packed, parts: int) -> None:
-    if not isinstance(packed, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(packed).__name__}")
+    check_instance(name, packed, torch.Tensor)
     if packed.dim() != 4 or packed.shape[1] != parts:
         layout = "(total_tokens, 3, heads, head_dim)" if parts == 3 else \
             "(total_k, 2, kv_heads, head_dim)"

@@ -62,7 +62,7 @@ from torch.autograd.function import once_differentiable
 from attnlab.api.common import _refuse_unsupported, _resolve_impl
 from attnlab.api.dense import _check_tensors
 from attnlab.api.kvcache import merge_states
-from attnlab.checks import check_bool
+from attnlab.checks import check_bool, check_instance
 from attnlab.reference.inputs import accumulation_dtype, resolve_scale
 
 LAYOUT = "bshd"
@@ -456,8 +456,7 @@ def shard_sequence(x: torch.Tensor, *, causal: bool, group=None, seq_dim: int = 
     seqlen) LSE).  Causal: the zig-zag pair of chunks; otherwise one contiguous chunk.
     Returns a contiguous tensor (a copy).
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_instance("x", x, torch.Tensor)
     causal = check_bool("causal", causal)
     rank, world_size = _group_position(group)
     ranges = shard_ranges(x.shape[seq_dim], world_size=world_size, rank=rank, causal=causal)
@@ -467,8 +466,7 @@ def shard_sequence(x: torch.Tensor, *, causal: bool, group=None, seq_dim: int = 
 def unshard_sequence(x_local: torch.Tensor, *, causal: bool, group=None,
                      seq_dim: int = SEQ_DIM) -> torch.Tensor:
     """The full sequence from every rank's shard (an ``all_gather``; not differentiable)."""
-    if not isinstance(x_local, torch.Tensor):
-        raise TypeError(f"x_local must be a torch.Tensor, got {type(x_local).__name__}")
+    check_instance("x_local", x_local, torch.Tensor)
     causal = check_bool("causal", causal)
     _, world_size = _group_position(group)
     shards = [torch.empty_like(x_local) for _ in range(world_size)]

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
+from attnlab.checks import check_instance
 from attnlab.kernels._primitives import (
     LOG2E,
     _band_visible,
@@ -418,8 +419,7 @@ def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_dout(dout, out) -> None:
-    if not isinstance(dout, torch.Tensor):
-        raise TypeError(f"dout must be a torch.Tensor, got {type(dout).__name__}")
+    check_instance("dout", dout, torch.Tensor)
     if dout.shape != out.shape:
         raise ValueError(f"dout must have the output's shape {tuple(out.shape)}, "
                          f"got {tuple(dout.shape)}")

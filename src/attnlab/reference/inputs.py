@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.checks import check_scale
+from attnlab.checks import check_instance, check_scale
 from attnlab.checks import check_softcap as _check_softcap
 from attnlab.shapes import AttentionShape
 
@@ -57,8 +57,7 @@ def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     block sizes with the same messages every other module gives.
     """
     for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        check_instance(name, tensor, torch.Tensor)
         if tensor.dim() != 4:
             raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, dim), got shape "
                              f"{tuple(tensor.shape)}")
