@@ -148,9 +148,10 @@ def _snake_work(rounds_done):
 
 
 @gluon.jit
-def _work_block(work, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
+def _work_block(blocks_done, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
                 IS_CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Work item -> (batch*head, batch, head, kv head, first row, K/V tiles to walk).
+    """This program's block of round ``blocks_done`` (``_snake_work``) -> (batch*head,
+    batch, head, kv head, first row, K/V tiles to walk).
 
     A head's blocks are neighbours, so the programs running together share that head's
     K/V in L2 (at d = 128 a 128 x 128 K/V tile pair feeds ~128 FLOP per byte, too few
@@ -162,6 +163,7 @@ def _work_block(work, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
     its rows may see.  A block whose rows see no key at all still folds in tile 0, fully
     masked, so every path runs the same pipeline and ends with l = 0 -> O = 0, LSE = -inf.
     """
+    work = _snake_work(blocks_done)
     start_m = work % num_m_blocks
     if IS_CAUSAL:
         start_m = num_m_blocks - 1 - start_m
@@ -257,9 +259,8 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
     ring_base = 0
     turn_base = 0
     for blocks_done in range(0, _snake_rounds(num_work)):
-        work = _snake_work(blocks_done)
         off_bh, off_b, off_h, off_hk, m_first, n_tiles = _work_block(
-            work, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
+            blocks_done, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
             IS_CAUSAL, BLOCK_M, BLOCK_N)
         row0 = m_first + WG * ROWS
         offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
@@ -363,9 +364,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
 
     ring_base = 0
     for blocks_done in range(0, _snake_rounds(num_work)):
-        work = _snake_work(blocks_done)
         off_bh, off_b, off_h, off_hk, m_first, n_tiles = _work_block(
-            work, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
+            blocks_done, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
             IS_CAUSAL, BLOCK_M, BLOCK_N)
         # A fresh mbarrier counts as having completed the phase before phase 0, so the
         # first block's Q and the first lap through the ring do not wait.
