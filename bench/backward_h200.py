@@ -1,13 +1,16 @@
 """Backward kernels on the H200: correctness, a small tile sweep, forward+backward timings.
 
     PYTHONPATH=src python3 bench/backward_h200.py --out $OUT [--quick]
-        [--phases edge,profile,correct,tune,bench] [--tune-heads 64,128,256]
+        [--phases edge,profile,correct,sm90,tune,bench] [--tune-heads 64,128,256]
         [--flex all|default|none]
 
 0. ``edge`` (only when asked): dQ/dK/dV error against float64 of attnlab and SDPA's
    backends on the tiny lengths with inputs x5;
    ``profile`` (only when asked): host time per call, event-timed call, CUDA-graph
    replay and per-kernel time of attnlab's forward+backward at N = 1k and 4k.
+
+   ``sm90`` (only when asked): the Gluon sm_90 dK/dV kernel's candidates, accuracy
+   and the backward timed with each against the Triton dK/dV kernel (``phase_sm90``).
 
 1. correctness: dQ, dK, dV against float64 autograd by the gradient rule
    (``attnlab.accuracy.check_gradients``) on a compact grid (every head dim of issue
@@ -35,6 +38,7 @@ and four benchmark points, about 2 minutes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -75,11 +79,12 @@ def make_inputs(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, see
         rand(heads, seqlen_q)
 
 
-def gradients(q, k, v, dout, *, config=None, deterministic=False, **options):
+def gradients(q, k, v, dout, *, config=None, deterministic=False, dkdv_sm90=None,
+              **options):
     scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse = flash_forward(q, k, v, layout="bshd", scale=scale, **options)
     return flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale, config=config,
-                          deterministic=deterministic, **options)
+                          deterministic=deterministic, dkdv_sm90=dkdv_sm90, **options)
 
 
 # ---------------------------------------------------------------------------
@@ -158,12 +163,12 @@ def dq_candidates(head_dim: int) -> list[tuple[int, int]]:
     return [(128, 64), (64, 64), (128, 32), (64, 128), (128, 128)]
 
 
-def time_backward(q, k, v, dout, out, lse, config, causal) -> float:
+def time_backward(q, k, v, dout, out, lse, config, causal, dkdv_sm90=None) -> float:
     scale = 1.0 / math.sqrt(q.shape[-1])
 
     def call():
         flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale, causal=causal,
-                       config=config)
+                       config=config, dkdv_sm90=dkdv_sm90)
 
     return time_call(call, [()], device="cuda", warmup=2, target_ms=150, min_repeats=5,
                      max_repeats=40).p50
@@ -243,6 +248,121 @@ def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float,
                   f"{c.dq_block_m}, {c.dq_block_n}, {c.num_warps}, {c.num_stages}),")
         print("}")
     return winners
+
+
+# ---------------------------------------------------------------------------
+# The Gluon sm_90 dK/dV kernel against the Triton one (kernels/backward_sm90.py)
+SM90_CANDIDATES = {  # head_dim -> (block_m, stages)
+    128: [(32, 2), (32, 3), (32, 4), (64, 2), (64, 3)],
+    64: [(64, 2), (64, 3), (64, 4), (32, 3), (128, 2)],
+}
+SM90_ACCURACY_PAIRS = [(1, 1), (1, 239), (239, 1), (113, 203), (203, 113), (1023, 1024),
+                       (2048, 2048), (64, 4000)]
+
+
+def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
+               head_dims: list[int]) -> int:
+    """Accuracy of every candidate (the full grid for the defaults, four cases for the
+    others), bit-identical repeats, then the backward timed with each candidate's dK/dV
+    against the Triton dK/dV kernel (same dQ kernel and tiles) at the benchmark's shapes.
+    Writes sm90_backward_sweep.jsonl and the dispatch-table candidate
+    sm90_backward_dispatch.json (buckets where a candidate is >= 2% faster)."""
+    from attnlab.kernels import backward_sm90 as sm90
+
+    path = os.path.join(out_dir, "sm90_backward_sweep.jsonl")
+    started, failures, count = time.time(), 0, 0
+    heads = [(4, 4), (6, 2), (4, 1)]
+    for head_dim in head_dims:
+        for block_m, stages in SM90_CANDIDATES[head_dim]:
+            config = sm90.Sm90BackwardConfig(block_m, stages)
+            is_default = config == sm90.DEFAULT_CONFIGS[head_dim]
+            cases = list(itertools.product(SM90_ACCURACY_PAIRS, (False, True)))
+            cases = cases if is_default else cases[3::4]
+            for i, ((seqlen_q, seqlen_k), causal) in enumerate(cases):
+                hq, hk = heads[i % 3]
+                dtype = "bf16" if i % 2 else "fp16"
+                row = {"what": "sm90_backward_accuracy", "config": config.name(),
+                       "head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
+                       "heads": hq, "kv_heads": hk, "causal": causal, "dtype": dtype, **env}
+                try:
+                    q, k, v, dout = make_inputs(2, hq, hk, seqlen_q, seqlen_k, head_dim,
+                                                DTYPES[dtype], seed=head_dim + seqlen_q + i)
+                    grads = gradients(q, k, v, dout, causal=causal, dkdv_sm90=config)
+                    again = gradients(q, k, v, dout, causal=causal, dkdv_sm90=config)
+                    checks = check_gradients(grads, q, k, v, dout, layout="bshd",
+                                             scale=1.0 / math.sqrt(head_dim), causal=causal)
+                    identical = all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
+                    passed = all(c.passed for c in checks) and identical
+                    row.update(passed=passed, bit_identical=identical,
+                               errors={c.name: [c.error, c.allowed] for c in checks})
+                except Exception as error:  # noqa: BLE001 - a crash is a recorded failure
+                    passed = False
+                    row.update(passed=False, error=f"{type(error).__name__}: {str(error)[:300]}")
+                count += 1
+                failures += not passed
+                log_line(path, row)
+                if not passed:
+                    print(f"FAIL sm90 {config.name()} d={head_dim} {seqlen_q}x{seqlen_k} "
+                          f"h={hq}/{hk} causal={causal} {dtype}: "
+                          f"{row.get('errors', row.get('error'))}", flush=True)
+    print(f"sm90 accuracy: {count - failures}/{count} passed ({time.time() - started:.0f} s)",
+          flush=True)
+
+    entries, lines = [], []
+    for seqlen, head_dim, causal in itertools.product(seqlens, head_dims, (True, False)):
+        if time.time() - started > budget_s:
+            print("sm90: time budget spent", flush=True)
+            break
+        batch = max(1, 16384 // seqlen)
+        shape = AttentionShape(batch=batch, query_heads=16, kv_heads=16, seqlen_q=seqlen,
+                               seqlen_k=seqlen, head_dim=head_dim, dtype="bf16", causal=causal)
+        backward_flops = 2.5 * conventional_attention_flops(shape)
+        q, k, v, dout = make_inputs(batch, 16, 16, seqlen, seqlen, head_dim, torch.bfloat16)
+        out, lse = flash_forward(q, k, v, layout="bshd", scale=1.0 / math.sqrt(head_dim),
+                                 causal=causal)
+        base = backward_config(shape)
+        timed = {"triton": time_backward(q, k, v, dout, out, lse, base, causal)}
+        for block_m, stages in SM90_CANDIDATES[head_dim]:
+            config = sm90.Sm90BackwardConfig(block_m, stages)
+            try:
+                timed[config.name()] = time_backward(q, k, v, dout, out, lse, None, causal,
+                                                     dkdv_sm90=config)
+            except Exception as error:  # noqa: BLE001 - a config that cannot run is data
+                log_line(path, {"what": "sm90_backward_time", "config": config.name(),
+                                "shape": shape.as_dict(), "error": str(error)[:300], **env})
+        for name, ms in timed.items():
+            log_line(path, {"what": "sm90_backward_time", "config": name,
+                            "shape": shape.as_dict(), "p50_ms": ms,
+                            "tflops": backward_flops / ms / 1e9,
+                            "vs_triton": timed["triton"] / ms, **env})
+        best = min((ms, name) for name, ms in timed.items() if name != "triton")
+        gain = timed["triton"] / best[0]
+        lines.append(f"d={head_dim} causal={causal} N={seqlen}: triton "
+                     f"{backward_flops / timed['triton'] / 1e9:.0f}, best {best[1]} "
+                     f"{backward_flops / best[0] / 1e9:.0f} TFLOP/s (x{gain:.2f})")
+        print(lines[-1], flush=True)
+        if gain >= 1.02:
+            config = sm90.Sm90BackwardConfig.from_name(best[1])
+            entries.append({"head_dim": head_dim, "causal": causal,
+                            "bucket": length_bucket(seqlen),
+                            "config": dataclasses.asdict(config),
+                            "sm90_vs_triton": round(gain, 4)})
+    with open(path, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle]
+    bad = {r["config"] for r in rows if r.get("what") == "sm90_backward_accuracy"
+           and not r.get("passed")}
+    accurate_configs = {r["config"] for r in rows if r.get("what") == "sm90_backward_accuracy"}
+    entries = [e for e in entries
+               if sm90.Sm90BackwardConfig(**e["config"]).name() in accurate_configs - bad]
+    table = {"source": {k: env.get(k) for k in ("gpu", "torch", "triton", "driver",
+                                                 "cuda_runtime", "cudnn", "git_commit",
+                                                 "timestamp", "command")},
+             "min_gain": 1.02, "entries": entries}
+    with open(os.path.join(out_dir, "sm90_backward_dispatch.json"), "w",
+              encoding="utf-8") as handle:
+        json.dump(table, handle, indent=1)
+    print("\n".join(lines))
+    return failures
 
 
 # ---------------------------------------------------------------------------
@@ -524,6 +644,9 @@ def main() -> int:
                         help="sequence lengths to tune (one length bucket each), in order")
     parser.add_argument("--tune-budget", type=float, default=90.0)
     parser.add_argument("--bench-budget", type=float, default=150.0)
+    parser.add_argument("--sm90-budget", type=float, default=200.0)
+    parser.add_argument("--sm90-seqlens", default="4096,1024,16384")
+    parser.add_argument("--sm90-heads", default="128,64")
     parser.add_argument("--flex", choices=("default", "all", "none"), default="default")
     parser.add_argument("--providers", default=",".join(BENCH_PROVIDERS),
                         help="bench providers, comma-separated (default: all five)")
@@ -546,6 +669,10 @@ def main() -> int:
         phase_profile(args.out, env)
     failures = phase_correct(args.out, env, args.quick, args.correct_budget) \
         if "correct" in phases else 0
+    if "sm90" in phases:
+        failures += phase_sm90(args.out, env, args.sm90_budget,
+                               [int(n) for n in args.sm90_seqlens.split(",")],
+                               [int(d) for d in args.sm90_heads.split(",")])
     if "tune" in phases:
         winners = phase_tune(args.out, env, [int(d) for d in args.tune_heads.split(",")],
                              args.tune_budget, [int(n) for n in args.tune_seqlens.split(",")])

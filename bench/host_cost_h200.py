@@ -54,6 +54,7 @@ def main() -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import attnlab
+    from attnlab.kernels import _sm90 as sm90_host
     from attnlab.kernels import forward_sm90 as sm90
     from attnlab.kernels.configs import forward_config
     from attnlab.kernels.forward import flash_forward
@@ -70,9 +71,9 @@ def main() -> int:
         # The public path must take the Gluon kernel whatever the table says at N = 128.
         sm90._dispatch_table = lambda: {(128, True, b): config for b in (128, 1024)}
         kernel, meta = sm90._kernel_and_meta(config)
-        descriptors = (sm90._descriptor(q, "bhsd", sm90.BLOCK_M // 2),
-                       sm90._descriptor(k, "bhsd", config.block_n),
-                       sm90._descriptor(v, "bhsd", config.block_n))
+        descriptors = (sm90_host.descriptor(q, "bhsd", sm90.BLOCK_M // 2),
+                       sm90_host.descriptor(k, "bhsd", config.block_n),
+                       sm90_host.descriptor(v, "bhsd", config.block_n))
         out = torch.empty_like(q)
         lse = torch.empty(1, 1, 128, device="cuda", dtype=torch.float32)
         strides = sm90.bhs_strides(out, "bhsd")
@@ -101,7 +102,7 @@ def main() -> int:
                 q, k, v, layout="bhsd", causal=True, window=(-1, -1), softcap=0.0),
             "forward_sm90.launch": lambda: sm90.launch(q, k, v, layout="bhsd", scale=scale,
                                                        causal=True, config=config),
-            "3 TMA descriptors": lambda: [sm90._descriptor(t, "bhsd", r) for t, r in
+            "3 TMA descriptors": lambda: [sm90_host.descriptor(t, "bhsd", r) for t, r in
                                           ((q, 64), (k, config.block_n), (v, config.block_n))],
             "JIT launch, prebuilt descriptors": lambda: kernel[(1,)](*jit_args, **jit_kwargs),
             "compiled-kernel launcher, direct": direct,

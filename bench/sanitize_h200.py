@@ -11,7 +11,7 @@ rows that see no key, sliding windows, softcap, both dense layouts, fp16 and bf1
 forced 64-bit offset path; varlen with empty sequences, sequences without keys and
 q != k; the backward (dense and varlen, deterministic too) and split-KV decode
 (contiguous cache with ragged lengths, paged cache with the last page partly filled)
-when their modules import; the sm_90 Gluon forward when it supports the GPU.  Each case
+when their modules import; the sm_90 Gluon forward and dK/dV kernels when they support the GPU.  Each case
 is also checked against the float64 reference (the accuracy rule; gradients by the 3x
 rule), so a kernel that reads nothing wrong but computes something wrong fails too.
 
@@ -166,9 +166,19 @@ def run_backward(case: dict, seed: int) -> str:
         extra, layout = {}, case.get("layout", "bshd")
     options = dict(layout=layout, scale=scale, **mask_options(case), **extra)
     out, lse = flash_forward(q, k, v, **options)
-    dout = torch.randn_like(out)
+    # An expanded dO (stride 0 over the batch, as out.sum().backward() gives) when asked.
+    dout = torch.randn_like(out[:1]).expand_as(out) if case.get("expanded_dout") \
+        else torch.randn_like(out)
+    sm90 = None
+    if "dkdv_sm90" in case:
+        from attnlab.kernels.backward_sm90 import Sm90BackwardConfig, supports
+
+        sm90 = Sm90BackwardConfig.from_name(case["dkdv_sm90"])
+        ok, reason = supports(q, k, v, dout.contiguous(), layout=layout, config=sm90)
+        if not ok:
+            raise Skip(reason)
     grads = flash_backward(dout, q, k, v, out, lse, deterministic=case.get("deterministic", False),
-                           **options)
+                           dkdv_sm90=sm90, **options)
     sync()
     pieces = [(slice(None), slice(None))] if not varlen else \
         list(sequences(case["lengths_q"], case["lengths_k"]))
@@ -314,6 +324,19 @@ def grid() -> list[tuple[str, object, dict]]:
         cases.append((f"forward_sm90 early rescale, vector store d{d}", run_forward_sm90,
                       dict(seqlen_q=250, seqlen_k=301, d=d, dtype=BF16, batch=40, heads=(3, 1),
                            causal=d != 128, persistent=True, rescale="early", store="vector")))
+    # The Gluon dK/dV kernel: ragged GQA both ways round (rows without keys, a partial
+    # last key block), bhsd, an expanded dO, several query heads per program.
+    sm90_backward = [
+        dict(seqlen_q=203, seqlen_k=113, d=64, dtype=F16, heads=(6, 2), causal=True,
+             dkdv_sm90="sm90bwd[m64,s3,r24]"),
+        dict(seqlen_q=113, seqlen_k=203, d=128, dtype=BF16, heads=(4, 1), causal=True,
+             dkdv_sm90="sm90bwd[m32,s3,r24]"),
+        dict(seqlen_q=97, seqlen_k=300, d=128, dtype=F16, heads=(4, 2), layout="bhsd",
+             dkdv_sm90="sm90bwd[m64,s2,r24]", expanded_dout=True),
+        dict(seqlen_q=257, seqlen_k=257, d=64, dtype=BF16, heads=(2, 2), batch=3,
+             dkdv_sm90="sm90bwd[m128,s2,r24]"),
+    ]
+    cases += [(f"backward_sm90 {describe(c)}", run_backward, c) for c in sm90_backward]
     return cases
 
 
@@ -415,7 +438,7 @@ def main() -> int:
             # Every Gluon case (its shared memory, mbarriers and TMA are explicit, so a
             # race there is ours) and a third of the rest (Triton manages theirs).
             cases = [c for i, c in enumerate(cases)
-                     if c[0].startswith("forward_sm90") or i % 3 == 0]
+                     if "_sm90" in c[0] or i % 3 == 0]
     rows, started = [], time.time()
     for index, (name, fn, case) in enumerate(cases):
         t0 = time.time()

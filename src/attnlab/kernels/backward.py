@@ -48,7 +48,12 @@ from attnlab.kernels._primitives import (
     kernel_is_interpreted,
     launch_is_traced,
 )
-from attnlab.kernels.configs import BackwardConfig, backward_config, head_dim_padded
+from attnlab.kernels.configs import (
+    GLUON_SM90_TRITON_VERSIONS,
+    BackwardConfig,
+    backward_config,
+    head_dim_padded,
+)
 from attnlab.masking import effective_window
 from attnlab.shapes import AttentionShape
 
@@ -449,6 +454,42 @@ def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     return cu_seqlens_q.numel() - 1
 
 
+def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use_table):
+    """(the Gluon kernel's launcher, its config, dO as it reads it) when the sm_90 dK/dV kernel
+    computes this call, else None: the Triton dK/dV kernel does.
+
+    ``requested`` (an ``Sm90BackwardConfig``) forces it, and a call it cannot compute is
+    then a ValueError; otherwise (``use_table``) the committed dispatch table decides.
+    Its module imports Gluon, whose API changes between Triton releases, so it is
+    imported only on the versions it was checked on; a traced call (torch.compile) keeps
+    the Triton kernels, as the forward does."""
+    if requested is None and not use_table:
+        return None
+    usable = (q.is_cuda and not launch_is_traced(q)
+              and triton.__version__ in GLUON_SM90_TRITON_VERSIONS and layout != "thd")
+    if not usable:
+        if requested is not None:
+            raise ValueError(f"dkdv_sm90={requested} needs a CUDA call outside torch.compile, "
+                             f"layout 'bshd' or 'bhsd' and Triton "
+                             f"{', '.join(GLUON_SM90_TRITON_VERSIONS)}")
+        return None
+    from attnlab.kernels.backward_sm90 import dispatch_config, launch, supports, tma_aligned
+
+    config = requested or dispatch_config(q, k, layout=layout, causal=causal)
+    if config is None:
+        return None
+    # An expanded dO (out.sum().backward() gives stride 0) is no TMA operand: one copy.
+    if not tma_aligned(dout):
+        dout = dout.contiguous()
+    ok, reason = supports(q, k, v, dout, layout=layout, window=window, softcap=softcap,
+                          config=config)
+    if not ok:
+        if requested is not None:
+            raise ValueError(f"dkdv_sm90={config.name()} cannot compute this call: {reason}")
+        return None
+    return launch, config, dout
+
+
 def flash_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out: torch.Tensor, lse: torch.Tensor, *,
@@ -457,6 +498,7 @@ def flash_backward(
     cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
     config: BackwardConfig | None = None, dlse: torch.Tensor | None = None,
+    dkdv_sm90: object | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of attention given dO, from the forward's q, k, v, O and LSE.
 
@@ -469,6 +511,11 @@ def flash_backward(
     Deterministic always: no kernel uses atomics (dK/dV are summed over the GQA group
     in registers, dQ has its own kernel), so ``deterministic=True`` and the default
     run the same code and give bit-identical results run to run.
+
+    dK and dV come from the Gluon sm_90 kernel (``kernels/backward_sm90.py``) where its
+    committed dispatch table says it measured faster and no ``config`` was given, or
+    wherever ``dkdv_sm90`` (an ``Sm90BackwardConfig``) asks for it; a call that kernel
+    cannot compute is then refused with the reason, never run elsewhere.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -500,6 +547,7 @@ def flash_backward(
     has_left, has_right = window_left >= 0, window_right >= 0
     head_dim_pad = head_dim_padded(head_dim)
     interpreted = kernel_is_interpreted()
+    explicit_config = config
     if config is None:
         shape = AttentionShape(batch=batch, query_heads=num_heads, kv_heads=num_kv_heads,
                                seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
@@ -546,17 +594,24 @@ def flash_backward(
         HAS_DLSE=dlse is not None, IS_VARLEN=is_varlen,
     )
     group_size = num_heads // num_kv_heads
-    kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
-    dkdv_kernel[(kv_blocks * batch * num_kv_heads,)](
-        q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
-        *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
-        *bhs_strides(dout, layout), *bhs_strides(dk, layout), *bhs_strides(dv, layout),
-        *stat_strides,
-        num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    sm90 = _sm90_dkdv(q, k, v, dout, layout=layout, causal=causal, window=window,
+                      softcap=softcap, requested=dkdv_sm90, use_table=explicit_config is None)
+    if sm90 is not None:
+        sm90_launch, sm90_config, sm90_dout = sm90
+        sm90_launch(q, k, v, sm90_dout, lse, delta, dk, dv, layout=layout, scale=scale,
+                           causal=causal, config=sm90_config)
+    else:
+        kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
+        dkdv_kernel[(kv_blocks * batch * num_kv_heads,)](
+            q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
+            *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
+            *bhs_strides(dout, layout), *bhs_strides(dk, layout), *bhs_strides(dv, layout),
+            *stat_strides,
+            num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+            BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
     dq_kernel[(q_blocks * batch * num_heads,)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
         *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),

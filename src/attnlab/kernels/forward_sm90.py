@@ -60,22 +60,28 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.kernels._primitives import LOG2E, bhs_strides
+from attnlab.kernels._sm90 import (
+    REGISTER_FILE,
+    SHARED_MEMORY_LIMIT,
+    descriptor,
+    disassemble,
+    hardware_refusal,
+    int_class,
+    launch_compiled,
+    on_sm90_capability,
+    sm_count,
+    tma_aligned,
+)
 from attnlab.kernels.configs import GLUON_SM90_TRITON_VERSIONS, length_bucket
 
 # The Triton release(s) this file was compiled and checked against.
 BUILT_FOR_TRITON = GLUON_SM90_TRITON_VERSIONS
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 BLOCK_M = 128            # two consumer warpgroups x 64 query rows
 CONSUMER_WARPS = 4       # per consumer warpgroup (and partition)
 CONSUMER_REGS = 240      # per consumer thread once the producer's warpgroup gave its share
-# Hopper's register file: 64K 32-bit registers per SM, one CTA per SM here.
-REGISTER_FILE = 65536
-SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (227 KB)
 SCHEDULES = ("split", "pingpong")
 RESCALES = ("late", "early")
 STORES = ("direct", "vector")
@@ -563,15 +569,9 @@ def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: t
             config: Sm90Config | None = None) -> str | None:
     """Why this kernel must not run a call, or None when it may (full and bottom-right
     causal attention are both covered, so ``causal`` never decides)."""
-    if capability is None:
-        return "needs CUDA tensors on an sm_90 (Hopper) GPU"
-    if capability != (9, 0):
-        return f"built for sm_90 only; this GPU is sm_{capability[0]}{capability[1]}"
-    if triton_version not in BUILT_FOR_TRITON:
-        return (f"built and checked on Triton {', '.join(BUILT_FOR_TRITON)} only "
-                f"(Gluon's API changes between releases); found {triton_version}")
-    if dtype not in SUPPORTED_DTYPES:
-        return f"dtype must be float16 or bfloat16, got {dtype}"
+    reason = hardware_refusal(capability, triton_version, BUILT_FOR_TRITON, dtype)
+    if reason is not None:
+        return reason
     if head_dim not in SUPPORTED_HEAD_DIMS:
         return f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}"
     if tuple(window) != (-1, -1):
@@ -588,27 +588,17 @@ def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: t
     return None
 
 
-def _tma_aligned(*tensors: torch.Tensor) -> bool:
-    for t in tensors:
-        if t.dim() != 4 or t.numel() == 0 or t.stride(-1) != 1:
-            return False
-        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
-    return True
-
-
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
              window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
              config: Sm90Config | None = None) -> tuple[bool, str]:
     """(True, "") if ``flash_forward_sm90`` computes this call, else (False, the reason)."""
     del causal  # both full and bottom-right causal attention are covered
-    on_cuda = all(t.is_cuda for t in (q, k, v)) and torch.cuda.is_available()
-    capability = _capability(q.device) if on_cuda else None
+    capability = on_sm90_capability(q) if all(t.is_cuda for t in (k, v)) else None
     if len({q.dtype, k.dtype, v.dtype}) != 1:
         return False, "q, k and v must share one dtype"
     reason = refusal(capability=capability, triton_version=triton.__version__, dtype=q.dtype,
                      head_dim=q.shape[-1], window=window, softcap=softcap,
-                     aligned=_tma_aligned(q, k, v), config=config)
+                     aligned=tma_aligned(q, k, v), config=config)
     if reason is None and not (k.shape[-1] == v.shape[-1] == q.shape[-1]):
         reason = "q, k and v must share one head_dim"
     return reason is None, reason or ""
@@ -647,11 +637,11 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, sc
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
     num_work = triton.cdiv(seqlen_q, BLOCK_M) * batch * num_heads
-    grid = (min(num_work, _sm_count(q.device)) if config.persistent else num_work,)
+    grid = (min(num_work, sm_count(q.device)) if config.persistent else num_work,)
     kernel, meta = _kernel_and_meta(config)
     strides = bhs_strides(out, layout)
-    args = (_descriptor(q, layout, BLOCK_M // 2), _descriptor(k, layout, config.block_n),
-            _descriptor(v, layout, config.block_n), out, lse, *strides,
+    args = (descriptor(q, layout, BLOCK_M // 2), descriptor(k, layout, config.block_n),
+            descriptor(v, layout, config.block_n), out, lse, *strides,
             num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_work, scale * LOG2E)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
                       STAGES=config.stages, IS_CAUSAL=causal,
@@ -664,14 +654,12 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, sc
                                "parameter order")
         _COMPILED[key] = kernel[grid](*args, **constexprs, maxnreg=maxnreg(config))
     else:
-        _launch_compiled(compiled, grid, (*args, *constexprs.values()))
+        launch_compiled(compiled, grid, (*args, *constexprs.values()))
     return out, lse
 
 
-# Launched kernels by launch_key: JITFunction.run binds and specialises every argument
-# on every call, 38-54 us of host time for this kernel's 3 descriptors and 19 arguments
-# on the H200's host (bench/host_cost_h200.py, session 4 run 4) against 12-16 us for
-# the launcher itself; the call after the first goes straight to the launcher.
+# Launched kernels by launch_key: the call after the first goes straight to the
+# compiled kernel's launcher (_sm90.launch_compiled).
 _COMPILED: dict[tuple, object] = {}
 
 
@@ -682,48 +670,7 @@ def launch_key(config: Sm90Config, causal: bool, q: torch.Tensor, out_strides, l
     whether the unspecialised sizes fit 32 bits.  The descriptors' types follow from the
     dtype and config; O and LSE are fresh allocations (always 16-byte aligned)."""
     return (config, causal, q.shape[-1], q.dtype, q.device,
-            tuple((s == 1, s % 16 == 0, s < 2**31) for s in out_strides), largest < 2**31)
-
-
-def _launch_compiled(compiled, grid: tuple[int], bound_args: tuple) -> None:
-    """Triton 3.6's JITFunction.run after its cache lookup (BUILT_FOR_TRITON pins the
-    version): the compiled kernel's launcher with every parameter in signature order
-    (the constexprs ride along; the launcher skips them), the launch hooks honoured."""
-    from triton import knobs
-
-    stream = torch.cuda.current_stream().cuda_stream
-    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    metadata = compiled.launch_metadata(grid, stream, *bound_args) if enter else None
-    compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, metadata,
-                 enter, exit_, *bound_args)
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
-def _descriptor(t: torch.Tensor, layout: str, rows: int) -> TensorDescriptor:
-    """A host TMA descriptor over t as (batch, head, sequence, head dim), whatever its
-    memory layout, with a box of ``rows`` rows of one (batch, head)."""
-    sb, sh, ss = bhs_strides(t, layout)
-    if layout == "bshd":
-        batch, seqlen, heads, head_dim = t.shape
-    else:
-        batch, heads, seqlen, head_dim = t.shape
-    return TensorDescriptor(t, [batch, heads, seqlen, head_dim], [sb, sh, ss, 1],
-                            [1, 1, rows, head_dim], _box_layout(rows, head_dim, t.dtype))
-
-
-@functools.cache
-def _box_layout(rows: int, head_dim: int, dtype: torch.dtype):
-    # Built once per box: each call is several microseconds of host time per launch.
-    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _GL_DTYPES[dtype])
+            tuple(int_class(s) for s in out_strides), largest < 2**31)
 
 
 def kernel_name(config: Sm90Config) -> str:
@@ -785,9 +732,9 @@ def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal:
     # A meta-device tensor gives the descriptors their types without memory.
     example = torch.empty((1, 256, 1, head_dim), dtype=torch_dtype, device="meta")
     signature = {
-        "q_desc": mangle_type(_descriptor(example, "bshd", BLOCK_M // 2)),
-        "k_desc": mangle_type(_descriptor(example, "bshd", config.block_n)),
-        "v_desc": mangle_type(_descriptor(example, "bshd", config.block_n)),
+        "q_desc": mangle_type(descriptor(example, "bshd", BLOCK_M // 2)),
+        "k_desc": mangle_type(descriptor(example, "bshd", config.block_n)),
+        "v_desc": mangle_type(descriptor(example, "bshd", config.block_n)),
         "O": f"*{dtype}", "LSE": "*fp32",
     }
     for axis in ("b", "h", "m"):
@@ -807,28 +754,6 @@ def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal:
     source = GluonASTSource(kernel, signature, constants, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": meta["num_warps"], "maxnreg": maxnreg(config)})
-
-
-def _cuobjdump() -> str | None:
-    import shutil
-    from pathlib import Path
-    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(bundled) if bundled.exists() else shutil.which("cuobjdump")
-
-
-def disassemble(cubin: bytes) -> str | None:
-    """SASS of a cubin by ``cuobjdump --dump-sass`` (Triton bundles one), or None."""
-    import subprocess
-    import tempfile
-    tool = _cuobjdump()
-    if tool is None:
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        done = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
-                              check=False)
-    return done.stdout if done.returncode == 0 else None
 
 
 def overlap_evidence(asm: dict) -> dict:

@@ -1,0 +1,128 @@
+"""Host-side pieces the Gluon sm_90 kernels share: TMA descriptors, the alignment TMA
+needs, the device facts they are sized by, the direct launch of a compiled kernel, and
+the SASS disassembler behind the compile-only evidence.
+
+Gluon's API changes between Triton releases, so this module (like the kernels) is
+imported only on ``configs.GLUON_SM90_TRITON_VERSIONS``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from attnlab.kernels._primitives import bhs_strides
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+# Hopper's register file: 64K 32-bit registers per SM; the kernels run one CTA per SM.
+REGISTER_FILE = 65536
+SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (227 KB)
+
+
+def hardware_refusal(capability: tuple[int, int] | None, triton_version: str,
+                     built_for: tuple[str, ...], dtype: torch.dtype) -> str | None:
+    """Why a Gluon sm_90 kernel cannot run on this GPU / Triton / dtype, or None."""
+    if capability is None:
+        return "needs CUDA tensors on an sm_90 (Hopper) GPU"
+    if capability != (9, 0):
+        return f"built for sm_90 only; this GPU is sm_{capability[0]}{capability[1]}"
+    if triton_version not in built_for:
+        return (f"built and checked on Triton {', '.join(built_for)} only "
+                f"(Gluon's API changes between releases); found {triton_version}")
+    if dtype not in SUPPORTED_DTYPES:
+        return f"dtype must be float16 or bfloat16, got {dtype}"
+    return None
+
+
+def tma_aligned(*tensors: torch.Tensor) -> bool:
+    """4-D, non-empty, unit-stride last dim, 16-byte aligned base and strides, no zero
+    stride (an expanded tensor is not a TMA operand)."""
+    for t in tensors:
+        if t.dim() != 4 or t.numel() == 0 or t.stride(-1) != 1:
+            return False
+        if t.data_ptr() % 16 or any(s == 0 or (s * t.element_size()) % 16
+                                    for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def on_sm90_capability(t: torch.Tensor) -> tuple[int, int] | None:
+    return capability(t.device) if t.is_cuda and torch.cuda.is_available() else None
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def descriptor(t: torch.Tensor, layout: str, rows: int) -> TensorDescriptor:
+    """A host TMA descriptor over t as (batch, head, sequence, head dim), whatever its
+    memory layout, with a box of ``rows`` rows of one (batch, head): TMA zero-fills rows
+    past the sequence's end and never reads the next one."""
+    sb, sh, ss = bhs_strides(t, layout)
+    if layout == "bshd":
+        batch, seqlen, heads, head_dim = t.shape
+    else:
+        batch, heads, seqlen, head_dim = t.shape
+    return TensorDescriptor(t, [batch, heads, seqlen, head_dim], [sb, sh, ss, 1],
+                            [1, 1, rows, head_dim], box_layout(rows, head_dim, t.dtype))
+
+
+@functools.cache
+def box_layout(rows: int, head_dim: int, dtype: torch.dtype):
+    # Built once per box: each call is several microseconds of host time per launch.
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], GL_DTYPES[dtype])
+
+
+def launch_compiled(compiled, grid: tuple[int], bound_args: tuple) -> None:
+    """Triton 3.6's JITFunction.run after its cache lookup (the kernels pin the version):
+    the compiled kernel's launcher with every parameter in signature order (the
+    constexprs ride along; the launcher skips them), the launch hooks honoured.
+
+    JITFunction.run binds and specialises every argument on every call, 38-54 us of host
+    time for a kernel with 3 descriptors and 19 arguments on the H200's host
+    (bench/host_cost_h200.py, session 4 run 4), against 12-16 us for the launcher."""
+    from triton import knobs
+
+    stream = torch.cuda.current_stream().cuda_stream
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    metadata = compiled.launch_metadata(grid, stream, *bound_args) if enter else None
+    compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, metadata,
+                 enter, exit_, *bound_args)
+
+
+def int_class(value: int) -> tuple[bool, bool, bool]:
+    """What Triton specialises an integer argument on: == 1, divisible by 16, 32-bit."""
+    return value == 1, value % 16 == 0, -2**31 <= value < 2**31
+
+
+def _cuobjdump() -> str | None:
+    import shutil
+    from pathlib import Path
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(bundled) if bundled.exists() else shutil.which("cuobjdump")
+
+
+def disassemble(cubin: bytes) -> str | None:
+    """SASS of a cubin by ``cuobjdump --dump-sass`` (Triton bundles one), or None."""
+    import subprocess
+    import tempfile
+    tool = _cuobjdump()
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        done = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
+                              check=False)
+    return done.stdout if done.returncode == 0 else None

@@ -1,0 +1,522 @@
+"""dK and dV for Hopper (sm_90) in Gluon: the backward's K/V-stationary kernel,
+warp-specialised like the forward (kernels/forward_sm90.py).
+
+Why a second dK/dV kernel: in Triton 3.6 the dK/dV kernel (kernels/backward.py) runs
+its four GEMMs per tile one after the other with the softmax recomputation between
+them, at ~386 TFLOP/s against the dQ kernel's ~560 (bench/NOTES.md, "Backward"); it is
+half the backward's time.  Here the recomputation overlaps the tensor cores.  One
+program owns ``BLOCK_N = 128`` keys of one (batch, KV head) and streams the query tiles
+of every query head of its GQA group past them (dK and dV are summed in registers, no
+atomics, deterministic), with three partitions:
+
+* **producer** (one warp, ``PRODUCER_REGS`` registers): TMA copies of the owned K and V
+  block (once), then Q_j and dO_j per query tile into a ``STAGES``-deep ring.  Each slot
+  has a *ready* barrier (completed by TMA's byte count) and an *empty* barrier both
+  consumers release once their last GEMM on the slot has finished.
+* **two consumers** (one warpgroup each, 64 of the block's keys, dK and dV of those
+  keys in fp32 registers).  Per tile, transposed so dK and dV come out without a
+  transpose: issue S^T = K Q_j^T and dP^T = V dO_j^T together; wait for S^T only and
+  form P^T = exp2(S^T scale - LSE) while dP^T runs; issue dV += P^T dO_j (P^T stays in
+  registers, wgmma's A operand); wait for dP^T and form dS^T = P^T (dP^T - D) while
+  dV runs; issue dK += dS^T Q_j.  The two warpgroups are separate partitions, so
+  one's exponentials run under the other's GEMMs (the forward's attempt-11 lesson).
+
+dQ is the Triton dQ kernel's job (kernels/backward.py), as is D = rowsum(dO ∘ O).
+
+Masking: bottom-right causal only (windows and softcap stay on the Triton kernel).
+Query tiles wholly above the band are never loaded (the forward's skip bound, seen
+from the keys' side); tiles crossing the diagonal run the element mask; the rest run
+unmasked.  Rows past ``seqlen_q`` need no mask: TMA zero-fills their Q and dO, and
+their LSE loads as +inf, so P = 0 and dS = 0 there.  Keys past ``seqlen_k`` are the
+block's padding, computed and never stored.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+import re
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from attnlab.kernels._primitives import LOG2E, bhs_strides
+from attnlab.kernels._sm90 import (
+    REGISTER_FILE,
+    SHARED_MEMORY_LIMIT,
+    descriptor,
+    disassemble,
+    hardware_refusal,
+    int_class,
+    launch_compiled,
+    on_sm90_capability,
+    tma_aligned,
+)
+from attnlab.kernels.configs import GLUON_SM90_TRITON_VERSIONS, length_bucket
+
+BUILT_FOR_TRITON = GLUON_SM90_TRITON_VERSIONS
+# d = 256 would need 2 x 64 x 256 fp32 accumulators per warpgroup: 256 registers a thread.
+SUPPORTED_HEAD_DIMS = (64, 128)
+BLOCK_N = 128            # two consumer warpgroups x 64 keys
+KEYS_PER_WARPGROUP = BLOCK_N // 2
+_KEYS = gl.constexpr(KEYS_PER_WARPGROUP)  # the same, readable inside the kernel
+CONSUMER_WARPS = 4
+CONSUMER_REGS = 240
+
+
+@gluon.jit
+def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, ready, empty, lse_base, delta_base,
+                offs_n, m_lo, m_hi, ring, seqlen_q, diag_offset, qk_scale,
+                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
+                s_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Add the query tiles [m_lo, m_hi) of one query head to this warpgroup's dK, dV.
+
+    ``ring`` counts the tiles this program consumed before (the slot and its phase)."""
+    dtype: gl.constexpr = q_smem.dtype
+    KEYS: gl.constexpr = k_wg.shape[0]
+    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+    for start_m in range(m_lo, m_hi, BLOCK_M):
+        stage = ring % STAGES
+        # LSE and D load while the GEMMs below run; rows past seqlen_q get LSE = +inf
+        # (P = 0), as does a row that sees no key (LSE = -inf from the forward).
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        in_range = offs_m < seqlen_q
+        lse = gl.load(lse_base + offs_m, mask=in_range, other=float("inf"))
+        delta = gl.load(delta_base + offs_m, mask=in_range, other=0.0)
+        mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
+        q_tile = q_smem.index(stage)
+        do_tile = do_smem.index(stage)
+        s_t = warpgroup_mma(k_wg, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp_t = warpgroup_mma(v_wg, do_tile.permute((1, 0)), s_zero, use_acc=False,
+                             is_async=True)
+        lse_log2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        s_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, k_wg))
+        s_t = s_t * qk_scale
+        if MASKED:
+            visible = (gl.expand_dims(offs_n, 1) <= gl.expand_dims(offs_m, 0) + diag_offset)
+            s_t = gl.where(visible, s_t, float("-inf"))
+        p_t = gl.exp2(s_t - gl.expand_dims(lse_log2, 0))
+        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_tile, dv,
+                           is_async=True)
+        dp_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, v_wg))
+        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+        dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, dk,
+                           is_async=True)
+        dv, dk, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, q_tile, do_tile))
+        mbarrier.arrive(empty.index(stage), count=1)
+        ring += 1
+    return dk, dv, ring
+
+
+@gluon.jit
+def _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  IS_CAUSAL: gl.constexpr):
+    """[m_lo, m_full): query tiles that cross the diagonal (element mask); [m_full,
+    seqlen_q): tiles whose rows see the whole key block.  Bottom-right causal: row m sees
+    key n when n <= m + seqlen_k - seqlen_q, so tiles whose last row is before the
+    block's first key are skipped (never loaded)."""
+    if IS_CAUSAL:
+        diag_offset = seqlen_k - seqlen_q
+        m_lo = gl.maximum(start_n - diag_offset, 0) // BLOCK_M * BLOCK_M
+        m_full = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - diag_offset, 0), BLOCK_M) * BLOCK_M
+        m_full = gl.minimum(gl.maximum(m_full, m_lo), seqlen_q)
+    else:
+        m_lo = seqlen_q * 0  # a tensor, as the loops' bounds must be
+        m_full = m_lo
+    return m_lo, m_full
+
+
+@gluon.jit
+def _work(num_kv_blocks, num_kv_heads, BLOCK_N: gl.constexpr):
+    """This program's (key block start, batch, KV head).  Within a head the first key
+    blocks come first: causally they see the most queries."""
+    pid = gl.program_id(0)
+    off_bh = pid // num_kv_blocks
+    return pid % num_kv_blocks * BLOCK_N, off_bh // num_kv_heads, off_bh % num_kv_heads
+
+
+@gluon.jit
+def _consumer(k_smem, v_smem, q_smem, do_smem, kv_ready, ready, empty, LSE, DELTA, DK, DV,
+              stride_lseb, stride_lseh, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+              stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
+              num_kv_blocks, qk_scale, scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """Consumer warpgroup ``WG``: keys [64 WG, 64 WG + 64) of the block, their dK, dV."""
+    dtype: gl.constexpr = q_smem.dtype
+    KEYS: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    # P^T and dS^T stay in registers as wgmma's A operand.
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+    start_n, off_b, off_hk = _work(num_kv_blocks, num_kv_heads, 2 * KEYS)
+    key0 = start_n + WG * KEYS
+    offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+    m_lo, m_full = _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M, 2 * KEYS, IS_CAUSAL)
+    diag_offset = seqlen_k - seqlen_q
+    k_wg = k_smem.index(WG)
+    v_wg = v_smem.index(WG)
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+    mbarrier.wait(kv_ready, 0)
+
+    ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
+    for group_head in range(group_size):
+        off_h = off_hk * group_size + group_head
+        stat = off_b.to(gl.int64) * stride_lseb + off_h.to(gl.int64) * stride_lseh
+        if IS_CAUSAL:
+            dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, ready, empty,
+                                       LSE + stat, DELTA + stat, offs_n, m_lo, m_full, ring,
+                                       seqlen_q, diag_offset, qk_scale, BLOCK_M, STAGES, True,
+                                       s_layout, p_layout)
+        dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, ready, empty,
+                                   LSE + stat, DELTA + stat, offs_n, m_full, seqlen_q, ring,
+                                   seqlen_q, diag_offset, qk_scale, BLOCK_M, STAGES, False,
+                                   s_layout, p_layout)
+
+    # Keys no query sees never met a visible score: dK = dV = 0 exactly.
+    offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    rows = gl.expand_dims(offs_k, 1).to(gl.int64)
+    store_mask = gl.expand_dims(offs_k, 1) < seqlen_k
+    dk_ptrs = (DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh
+               + rows * stride_dkn + gl.expand_dims(offs_d, 0))
+    dv_ptrs = (DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh
+               + rows * stride_dvn + gl.expand_dims(offs_d, 0))
+    gl.store(dk_ptrs, (dk * scale).to(dtype), mask=store_mask)
+    gl.store(dv_ptrs, dv.to(dtype), mask=store_mask)
+
+
+@gluon.jit
+def _producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready,
+              ready, empty, num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks,
+              BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """The producer partition (one warp): the K/V block once, then Q_j, dO_j per tile of
+    every query head of the group, paced by the ring's empty barriers."""
+    dtype: gl.constexpr = q_smem.dtype
+    KEYS: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    kv_box: gl.constexpr = [1, 1, KEYS, HEAD_DIM]
+    q_box: gl.constexpr = [1, 1, BLOCK_M, HEAD_DIM]
+    kv_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(kv_box, dtype)
+    q_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(q_box, dtype)
+
+    start_n, off_b, off_hk = _work(num_kv_blocks, num_kv_heads, 2 * KEYS)
+    mbarrier.expect(kv_ready, 4 * k_desc.block_type.nbytes)
+    for half in gl.static_range(2):
+        tma.async_copy_global_to_shared(
+            k_desc, [off_b, off_hk, start_n + half * KEYS, 0], kv_ready,
+            k_smem.index(half)._reinterpret(dtype, kv_box, kv_box_layout))
+        tma.async_copy_global_to_shared(
+            v_desc, [off_b, off_hk, start_n + half * KEYS, 0], kv_ready,
+            v_smem.index(half)._reinterpret(dtype, kv_box, kv_box_layout))
+
+    m_lo, m_full = _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M, 2 * KEYS, IS_CAUSAL)
+    ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
+    for group_head in range(group_size):
+        off_h = off_hk * group_size + group_head
+        for start_m in range(m_lo, seqlen_q, BLOCK_M):
+            stage = ring % STAGES
+            # A fresh mbarrier counts as having completed the phase before phase 0.
+            mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(
+                q_desc, [off_b, off_h, start_m, 0], ready.index(stage),
+                q_smem.index(stage)._reinterpret(dtype, q_box, q_box_layout))
+            tma.async_copy_global_to_shared(
+                do_desc, [off_b, off_h, start_m, 0], ready.index(stage),
+                do_smem.index(stage)._reinterpret(dtype, q_box, q_box_layout))
+            ring += 1
+
+
+# Lengths and head counts change per call; specialising on them would multiply compiles.
+@gluon.jit(do_not_specialize=["num_kv_heads", "group_size", "seqlen_q", "seqlen_k",
+                              "num_kv_blocks"])
+def _attn_bwd_dkdv_sm90(
+    # TMA descriptors (host-built, 4-D: batch, head, sequence, head dim)
+    k_desc, v_desc, q_desc, do_desc,
+    # LSE and D (batch, heads, seqlen_q) fp32; dK, dV with (batch, head, seq) strides
+    LSE, DELTA, DK, DV, stride_lseb, stride_lseh,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+    # sizes
+    num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks,
+    # scalars: softmax scale in log2 units, and the plain scale dK is multiplied by
+    qk_scale, scale,
+    # meta-parameters
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    dtype: gl.constexpr = DK.dtype.element_ty
+    KEYS: gl.constexpr = _KEYS
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HEAD_DIM], dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for ring in gl.static_range(STAGES):
+        mbarrier.init(ready.index(ring), count=1)
+        mbarrier.init(empty.index(ring), count=2)  # released by both warpgroups
+
+    gl.warp_specialize([
+        # The default partition is consumer warpgroup 0, the first worker warpgroup 1.
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, ready, empty, LSE, DELTA, DK,
+                     DV, stride_lseb, stride_lseh, stride_dkb, stride_dkh, stride_dkn,
+                     stride_dvb, stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q,
+                     seqlen_k, num_kv_blocks, qk_scale, scale, 0, BLOCK_M, STAGES,
+                     IS_CAUSAL)),
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, ready, empty, LSE, DELTA, DK,
+                     DV, stride_lseb, stride_lseh, stride_dkb, stride_dkh, stride_dkn,
+                     stride_dvb, stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q,
+                     seqlen_k, num_kv_blocks, qk_scale, scale, 1, BLOCK_M, STAGES,
+                     IS_CAUSAL)),
+        (_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
+                     kv_ready, ready, empty, num_kv_heads, group_size, seqlen_q, seqlen_k,
+                     num_kv_blocks, BLOCK_M, STAGES, IS_CAUSAL)),
+    ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+    mbarrier.invalidate(kv_ready)
+    for ring in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(ring))
+        mbarrier.invalidate(empty.index(ring))
+
+
+# ---------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sm90BackwardConfig:
+    """The meta-parameters the backward sweep varies (bench/backward_h200.py)."""
+
+    block_m: int
+    stages: int
+    producer_regs: int = 24
+
+    def __post_init__(self) -> None:
+        if self.block_m not in (32, 64, 128):
+            raise ValueError(f"block_m must be 32, 64 or 128 (wgmma's N for S^T), "
+                             f"got {self.block_m}")
+        if self.stages not in (2, 3, 4):
+            raise ValueError(f"stages must be 2, 3 or 4, got {self.stages}")
+        if self.producer_regs % 8 or not 24 <= self.producer_regs <= 64:
+            raise ValueError(f"producer_regs must be a multiple of 8 in [24, 64], "
+                             f"got {self.producer_regs}")
+
+    def name(self) -> str:
+        """One token for records: sm90bwd[m64,s2,r24]."""
+        return f"sm90bwd[m{self.block_m},s{self.stages},r{self.producer_regs}]"
+
+    @classmethod
+    def from_name(cls, name: str) -> Sm90BackwardConfig:
+        match = re.fullmatch(r"sm90bwd\[m(\d+),s(\d+),r(\d+)\]", name)
+        if match is None:
+            raise ValueError(f"not an sm90 backward config name: {name!r}")
+        return cls(*(int(g) for g in match.groups()))
+
+
+# What a config-less call and the tests run: the largest query tile whose code has no
+# register spills (compiled here for sm_90a: 0 local-memory instructions, both masks).
+DEFAULT_CONFIGS = {
+    64: Sm90BackwardConfig(block_m=64, stages=3),
+    128: Sm90BackwardConfig(block_m=32, stages=3),
+}
+
+
+def shared_memory_bytes(head_dim: int, config: Sm90BackwardConfig, itemsize: int = 2) -> int:
+    """The K/V block + the Q/dO ring + barriers and slack: what one CTA allocates."""
+    tiles = 2 * BLOCK_N * head_dim + 2 * config.stages * config.block_m * head_dim
+    return tiles * itemsize + 8 * (1 + 2 * config.stages) + 512
+
+
+def maxnreg(config: Sm90BackwardConfig) -> int:
+    """The kernel-wide register cap at launch (two consumer warpgroups plus the
+    producer's, one CTA per SM); setmaxnreg then moves the producer's share."""
+    threads = (2 * CONSUMER_WARPS + 4) * 32
+    return REGISTER_FILE // threads // 8 * 8
+
+
+def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: torch.dtype,
+            head_dim: int, window: tuple[int, int], softcap: float, layout: str,
+            aligned: bool, config: Sm90BackwardConfig | None = None) -> str | None:
+    """Why this kernel must not compute a call's dK, dV, or None when it may."""
+    reason = hardware_refusal(capability, triton_version, BUILT_FOR_TRITON, dtype)
+    if reason is not None:
+        return reason
+    if layout not in ("bshd", "bhsd"):
+        return f"layout must be 'bshd' or 'bhsd' (varlen stays on the Triton kernel), got {layout!r}"
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}"
+    if tuple(window) != (-1, -1):
+        return "sliding windows are not implemented in the sm_90 dK/dV kernel"
+    if softcap != 0.0:
+        return "softcap is not implemented in the sm_90 dK/dV kernel"
+    if not aligned:
+        return ("TMA needs a unit-stride head dim, 16-byte aligned base pointers and nonzero "
+                "strides, and non-empty sequences")
+    config = config or DEFAULT_CONFIGS[head_dim]
+    if shared_memory_bytes(head_dim, config) > SHARED_MEMORY_LIMIT:
+        return (f"{config} needs {shared_memory_bytes(head_dim, config)} bytes of shared "
+                f"memory at head_dim {head_dim}; sm_90 has {SHARED_MEMORY_LIMIT}")
+    return None
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
+             layout: str, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+             config: Sm90BackwardConfig | None = None) -> tuple[bool, str]:
+    """(True, "") if ``launch`` computes this call's dK, dV, else (False, the reason).
+    ``dout`` must already be what the kernel reads (the caller makes an expanded dO
+    contiguous first)."""
+    capability = on_sm90_capability(q) if all(t.is_cuda for t in (k, v, dout)) else None
+    if len({q.dtype, k.dtype, v.dtype, dout.dtype}) != 1:
+        return False, "q, k, v and dout must share one dtype"
+    reason = refusal(capability=capability, triton_version=triton.__version__, dtype=q.dtype,
+                     head_dim=q.shape[-1], window=window, softcap=softcap, layout=layout,
+                     aligned=tma_aligned(q, k, v, dout), config=config)
+    return reason is None, reason or ""
+
+
+def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+           lse: torch.Tensor, delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, *,
+           layout: str, scale: float, causal: bool, config: Sm90BackwardConfig) -> None:
+    """Write dK and dV of a call ``supports`` accepted: q, k, v, dout in ``layout``, LSE
+    (natural log) and D = rowsum(dO ∘ O) as (batch, heads, seqlen_q) fp32."""
+    if layout == "bshd":
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
+    else:
+        batch, num_heads, seqlen_q, head_dim = q.shape
+        num_kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    num_kv_blocks = triton.cdiv(seqlen_k, BLOCK_N)
+    grid = (num_kv_blocks * batch * num_kv_heads,)
+    out_strides = (*bhs_strides(dk, layout), *bhs_strides(dv, layout))
+    args = (descriptor(k, layout, KEYS_PER_WARPGROUP), descriptor(v, layout, KEYS_PER_WARPGROUP),
+            descriptor(q, layout, config.block_m), descriptor(dout, layout, config.block_m),
+            lse, delta, dk, dv, lse.stride(0), lse.stride(1), *out_strides,
+            num_kv_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_kv_blocks,
+            scale * LOG2E, scale)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
+                      IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
+                      CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
+    key = (config, causal, head_dim, q.dtype, q.device,
+           tuple(int_class(s) for s in (lse.stride(0), lse.stride(1), *out_strides)),
+           max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        kernel = _attn_bwd_dkdv_sm90
+        if kernel.arg_names != [*kernel.arg_names[:len(args)], *constexprs]:
+            raise RuntimeError("attnlab bug: the launch arguments are out of the kernel's "
+                               "parameter order")
+        _COMPILED[key] = kernel[grid](*args, **constexprs, maxnreg=maxnreg(config))
+    else:
+        launch_compiled(compiled, grid, (*args, *constexprs.values()))
+
+
+# Launched kernels by what Triton specialises them on (config, mask, head dim, dtype,
+# device, the strides' classes, 32-bit sizes): later calls skip JITFunction.run.
+_COMPILED: dict[tuple, object] = {}
+
+
+@functools.cache
+def kernel_name() -> str:
+    """The name the profiler shows."""
+    return _attn_bwd_dkdv_sm90.fn.__name__
+
+
+# ---------------------------------------------------------------------------
+# Compile-only path: sm_90 code without a GPU, for the CPU test and the evidence.
+# ---------------------------------------------------------------------------
+
+def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
+                     causal: bool = False, dtype: str = "bf16"):
+    """The compiled kernel (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata``) for sm_90a."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    config = config or DEFAULT_CONFIGS[head_dim]
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    example = torch.empty((1, 256, 1, head_dim), dtype=torch_dtype, device="meta")
+    kv_type = mangle_type(descriptor(example, "bshd", KEYS_PER_WARPGROUP))
+    q_type = mangle_type(descriptor(example, "bshd", config.block_m))
+    signature = {"k_desc": kv_type, "v_desc": kv_type, "q_desc": q_type, "do_desc": q_type,
+                 "LSE": "*fp32", "DELTA": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}"}
+    for name in ("stride_lseb", "stride_lseh", "stride_dkb", "stride_dkh", "stride_dkn",
+                 "stride_dvb", "stride_dvh", "stride_dvn", "num_kv_heads", "group_size",
+                 "seqlen_q", "seqlen_k", "num_kv_blocks"):
+        signature[name] = "i32"
+    signature.update(qk_scale="fp32", scale="fp32")
+    constants = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
+                     IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
+                     CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
+    signature.update({name: "constexpr" for name in constants})
+    names = list(signature)
+    aligned = ("LSE", "DELTA", "DK", "DV", "stride_lseb", "stride_lseh", "stride_dkb",
+               "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh", "stride_dvn")
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = GluonASTSource(_attn_bwd_dkdv_sm90, signature, constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": CONSUMER_WARPS, "maxnreg": maxnreg(config)})
+
+
+def sass_evidence(asm: dict) -> dict:
+    """What the compiled code shows: the partition barriers' widths, registers, spills,
+    wgmma count and waits (``wait_group 1`` > 0: a GEMM stays in flight under the
+    exponentials)."""
+    ptx = asm["ptx"]
+    evidence = {
+        "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)",
+                                            ptx))),
+        "wait_group_1": ptx.count("wgmma.wait_group.sync.aligned 1"),
+        "barrier_threads": sorted({int(n) for n in re.findall(r"bar\.sync\s+\d+,\s*(\d+)", ptx)}),
+    }
+    sass = disassemble(asm["cubin"])
+    if sass is not None:
+        evidence.update(
+            hgmma=len(re.findall(r"\bHGMMA\.", sass)),
+            local_memory_ops=len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+            highest_register=max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=0),
+        )
+    return evidence
+
+
+# ---------------------------------------------------------------------------
+# Dispatch: where this kernel measured faster than the Triton dK/dV kernel
+# ---------------------------------------------------------------------------
+
+@functools.cache
+def _dispatch_table() -> dict[tuple[int, bool, int], Sm90BackwardConfig]:
+    """(head_dim, causal, length bucket) -> config, the buckets where the backward with
+    this kernel measured faster than with the Triton dK/dV kernel (written from
+    bench/backward_h200.py's ``sm90`` phase by bench/sm90_dispatch_table.py --backward)."""
+    text = (importlib.resources.files("attnlab.kernels")
+            .joinpath("sm90_backward_dispatch.json").read_text())
+    return {(e["head_dim"], e["causal"], e["bucket"]): Sm90BackwardConfig(**e["config"])
+            for e in json.loads(text)["entries"]}
+
+
+def dispatch_config(q: torch.Tensor, k: torch.Tensor, *, layout: str, causal: bool
+                    ) -> Sm90BackwardConfig | None:
+    """The measured-faster config for this call's bucket, or None (the caller still
+    checks ``supports``)."""
+    seq_dim = 1 if layout == "bshd" else 2
+    bucket = length_bucket(max(q.shape[seq_dim], k.shape[seq_dim]))
+    return _dispatch_table().get((q.shape[-1], causal, bucket))

@@ -1,0 +1,183 @@
+"""The Gluon sm_90 dK/dV kernel: refusals and sm_90 code on the CPU, gradients on a Hopper GPU.
+
+As for the Gluon forward (tests/test_forward_sm90.py), the kernel has no interpreter
+path: the CPU tests check what ``supports`` and ``flash_backward`` refuse and, by
+compiling for sm_90a without a GPU, the roles, the registers and the shared memory the
+source claims.  The GPU tests compare dQ, dK, dV with float64 by the gradient rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from attention_inputs import make_qkv as shared_make_qkv
+from attnlab.accuracy import check_gradients
+from attnlab.kernels.backward_sm90 import (
+    BUILT_FOR_TRITON,
+    DEFAULT_CONFIGS,
+    Sm90BackwardConfig,
+    refusal,
+    supports,
+)
+
+on_sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not on_sm90, reason="needs an sm_90 (Hopper) GPU")
+built_here = pytest.mark.skipif(triton.__version__ not in BUILT_FOR_TRITON,
+                                reason=f"the kernel is built for Triton {BUILT_FOR_TRITON}")
+
+ALLOWED = dict(capability=(9, 0), triton_version=BUILT_FOR_TRITON[0], dtype=torch.bfloat16,
+               head_dim=128, window=(-1, -1), softcap=0.0, layout="bshd", aligned=True)
+
+
+# ----- refusals (CPU) ---------------------------------------------------------------------
+
+def test_the_covered_call_is_accepted():
+    assert refusal(**ALLOWED) is None
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"capability": None}, "sm_90"),
+    ({"capability": (8, 0)}, "sm_80"),
+    ({"triton_version": "3.7.1"}, "3.7.1"),
+    ({"dtype": torch.float32}, "dtype"),
+    ({"head_dim": 256}, "head_dim"),
+    ({"head_dim": 96}, "head_dim"),
+    ({"window": (19, 7)}, "window"),
+    ({"softcap": 30.0}, "softcap"),
+    ({"layout": "thd"}, "varlen"),
+    ({"aligned": False}, "16-byte"),
+])
+def test_refusals_name_their_reason(change, words):
+    reason = refusal(**{**ALLOWED, **change})
+    assert reason is not None and words in reason
+
+
+def test_supports_refuses_cpu_tensors_without_raising():
+    q = torch.randn(1, 16, 2, 128, dtype=torch.bfloat16)
+    ok, reason = supports(q, q, q, q, layout="bshd")
+    assert not ok and "sm_90" in reason
+
+
+def test_asking_for_it_where_it_cannot_run_is_a_value_error():
+    # Forcing the kernel never falls back to another one silently.
+    from attnlab.kernels.backward import flash_backward
+
+    q = torch.randn(1, 16, 2, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 16)
+    with pytest.raises(ValueError, match="dkdv_sm90"):
+        flash_backward(q, q, q, q, q, lse, layout="bshd", scale=0.125,
+                       dkdv_sm90=DEFAULT_CONFIGS[64])
+
+
+@pytest.mark.parametrize("fields", [dict(block_m=48, stages=2), dict(block_m=64, stages=5),
+                                    dict(block_m=64, stages=2, producer_regs=20)])
+def test_configs_outside_the_compiled_space_are_rejected(fields):
+    with pytest.raises(ValueError):
+        Sm90BackwardConfig(**fields)
+
+
+@pytest.mark.parametrize("config", [Sm90BackwardConfig(32, 3), Sm90BackwardConfig(128, 2, 32)])
+def test_config_names_round_trip(config):
+    assert Sm90BackwardConfig.from_name(config.name()) == config
+    with pytest.raises(ValueError, match="config name"):
+        Sm90BackwardConfig.from_name("sm90[n128,s2,r24,split]")
+
+
+def test_the_dispatch_table_names_only_valid_configs():
+    from attnlab.kernels import backward_sm90
+
+    for (head_dim, causal, bucket), config in backward_sm90._dispatch_table().items():
+        assert head_dim in backward_sm90.SUPPORTED_HEAD_DIMS and isinstance(causal, bool)
+        assert bucket in (1024, 2048, 4096, 8192, 16384)
+        assert backward_sm90.shared_memory_bytes(head_dim, config) <= 232448
+
+
+# ----- sm_90 code without a GPU (CPU, ~10 s) ----------------------------------------------
+
+@built_here
+def test_compiles_for_sm90_with_roles_and_no_spills():
+    # Gluon does not compile under TRITON_INTERPRET=1: a fresh process without it.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                         env.get("PYTHONPATH", "")])
+    script = ("import json; from attnlab.kernels.backward_sm90 import *; out = []\n"
+              "for d, causal in ((128, True), (64, False)):\n"
+              "    c = DEFAULT_CONFIGS[d]; k = compile_for_sm90(d, c, causal=causal)\n"
+              "    out.append({**sass_evidence(k.asm), 'shared': k.metadata.shared,\n"
+              "                'estimate': shared_memory_bytes(d, c)})\n"
+              "print(json.dumps(out))")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for evidence in json.loads(done.stdout.strip().splitlines()[-1]):
+        # The refusal's shared-memory estimate is an upper bound, and a tight one.
+        assert 0 <= evidence["estimate"] - evidence["shared"] <= 1024
+        assert ["dec", "24"] in evidence["setmaxnreg"]
+        assert ["inc", "240"] in evidence["setmaxnreg"]
+        # S^T is waited for while dP^T is in flight, and dP^T while dV is.
+        assert evidence["wait_group_1"] >= 4
+        # No barrier spans both consumer warpgroups.
+        assert evidence["barrier_threads"] == [128]
+        if "local_memory_ops" in evidence:
+            assert evidence["local_memory_ops"] == 0, "register spills"
+
+
+# ----- gradients on the GPU ---------------------------------------------------------------
+
+make_qkv = functools.partial(shared_make_qkv, device="cuda")
+SEQLEN_PAIRS = [(1, 1), (1, 239), (239, 1), (113, 203), (203, 113), (128, 256), (1023, 1024)]
+HEADS = [(2, 2), (6, 2), (3, 1)]
+
+
+def sm90_gradients(q, k, v, dout, *, layout, causal, config):
+    from attnlab.kernels.backward import flash_backward
+    from attnlab.kernels.forward import flash_forward
+
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = flash_forward(q, k, v, layout=layout, scale=scale, causal=causal)
+    return flash_backward(dout, q, k, v, out, lse, layout=layout, scale=scale, causal=causal,
+                          dkdv_sm90=config)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gradient_grid(dtype, head_dim, causal):
+    for i, ((seqlen_q, seqlen_k), heads) in enumerate(itertools.product(SEQLEN_PAIRS, HEADS)):
+        layout = ("bshd", "bhsd")[i % 2]
+        q, k, v = make_qkv(2, *heads, seqlen_q, seqlen_k, head_dim, dtype, layout=layout, seed=i)
+        dout = torch.randn_like(q)
+        grads = sm90_gradients(q, k, v, dout, layout=layout, causal=causal,
+                               config=DEFAULT_CONFIGS[head_dim])
+        checks = check_gradients(grads, q, k, v, dout, layout=layout,
+                                 scale=1.0 / math.sqrt(head_dim), causal=causal)
+        assert all(c.passed for c in checks), (seqlen_q, seqlen_k, heads, layout, checks)
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_bit_identical_and_expanded_dout():
+    q, k, v = make_qkv(2, 6, 2, 300, 300, 128, torch.bfloat16, layout="bshd", seed=3)
+    dout = torch.randn_like(q[:1]).expand_as(q)  # stride 0 over the batch
+    first = sm90_gradients(q, k, v, dout, layout="bshd", causal=True,
+                           config=DEFAULT_CONFIGS[128])
+    for _ in range(20):
+        again = sm90_gradients(q, k, v, dout, layout="bshd", causal=True,
+                               config=DEFAULT_CONFIGS[128])
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    checks = check_gradients(first, q, k, v, dout, layout="bshd", scale=128 ** -0.5,
+                             causal=True)
+    assert all(c.passed for c in checks), checks
