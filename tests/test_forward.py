@@ -212,15 +212,13 @@ def test_offsets_need_int64_exactly_when_a_head_row_offset_passes_2_31():
 
 
 class _RecordingLaunch:
-    """Stands in for the kernel: records the launch instead of running it."""
+    """Stands in for the kernel's launcher: records the launch instead of running it."""
 
     def __init__(self):
         self.options = None
 
-    def __getitem__(self, grid):
-        def launch(*args, **options):
-            self.options = {"grid": grid, **options}
-        return launch
+    def __call__(self, grid, args, meta):
+        self.options = {"grid": grid, **meta}
 
 
 @pytest.mark.parametrize(("layout", "seqlen_q", "seqlen_k", "wide"), [
@@ -234,7 +232,7 @@ def test_launcher_picks_64_bit_offsets_for_the_issue_sizes(monkeypatch, layout, 
     import attnlab.kernels.forward as forward_module
 
     recorder = _RecordingLaunch()
-    monkeypatch.setattr(forward_module, "_attn_fwd", recorder)
+    monkeypatch.setattr(forward_module, "_DIRECT_FORWARD", recorder)
 
     def meta(seqlen):  # full-size tensors that allocate nothing
         dims = (1, seqlen, 32, 128) if layout == "bshd" else (1, 32, seqlen, 128)

@@ -1,6 +1,6 @@
 """Host-side pieces the Gluon sm_90 kernels share: TMA descriptors, the alignment TMA
-needs, the device facts they are sized by, the direct launch of a compiled kernel, and
-the SASS disassembler behind the compile-only evidence.
+needs, the device facts they are sized by, and the SASS disassembler behind the
+compile-only evidence.
 
 Gluon's API changes between Triton releases, so this module (like the kernels) is
 imported only on ``configs.GLUON_SM90_TRITON_VERSIONS``.
@@ -82,28 +82,6 @@ def descriptor(t: torch.Tensor, layout: str, rows: int) -> TensorDescriptor:
 def box_layout(rows: int, head_dim: int, dtype: torch.dtype):
     # Built once per box: each call is several microseconds of host time per launch.
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], GL_DTYPES[dtype])
-
-
-def launch_compiled(compiled, grid: tuple[int], bound_args: tuple) -> None:
-    """Triton 3.6's JITFunction.run after its cache lookup (the kernels pin the version):
-    the compiled kernel's launcher with every parameter in signature order (the
-    constexprs ride along; the launcher skips them), the launch hooks honoured.
-
-    JITFunction.run binds and specialises every argument on every call, 38-54 us of host
-    time for a kernel with 3 descriptors and 19 arguments on the H200's host
-    (bench/host_cost_h200.py, session 4 run 4), against 12-16 us for the launcher."""
-    from triton import knobs
-
-    stream = torch.cuda.current_stream().cuda_stream
-    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    metadata = compiled.launch_metadata(grid, stream, *bound_args) if enter else None
-    compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, metadata,
-                 enter, exit_, *bound_args)
-
-
-def int_class(value: int) -> tuple[bool, bool, bool]:
-    """What Triton specialises an integer argument on: == 1, divisible by 16, 32-bit."""
-    return value == 1, value % 16 == 0, -2**31 <= value < 2**31
 
 
 def _cuobjdump() -> str | None:

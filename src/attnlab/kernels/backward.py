@@ -36,6 +36,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlab.checks import check_instance
+from attnlab.kernels._launch import DirectLauncher
 from attnlab.kernels._primitives import (
     LOG2E,
     _band_visible,
@@ -454,6 +455,19 @@ def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     return cu_seqlens_q.numel() - 1
 
 
+# One direct launcher per kernel: the compiled kernels it keeps outlive the calls.
+_DIRECT = {kernel: DirectLauncher(kernel)
+           for kernel in (_attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq)}
+
+
+def _launcher(kernel, traced: bool):
+    """``launch(grid, args, meta)`` for a kernel: through ``wrap_triton`` when traced."""
+    if traced:
+        wrapped = wrap_triton(kernel)
+        return lambda grid, args, meta: wrapped[grid](*args, **meta)
+    return _DIRECT[kernel]
+
+
 def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use_table):
     """(the Gluon kernel's launcher, its config, dO as it reads it) when the sm_90 dK/dV kernel
     computes this call, else None: the Triton dK/dV kernel does.
@@ -565,6 +579,9 @@ def flash_backward(
             raise ValueError(f"{name}'s sequence stride ({row_stride} elements) is too large for "
                              "the kernels' 32-bit in-tile offsets; pass a contiguous tensor")
 
+    # Decided before any launch: a forced sm_90 kernel that cannot run is refused first.
+    sm90 = _sm90_dkdv(q, k, v, dout, layout=layout, causal=causal, window=window,
+                      softcap=softcap, requested=dkdv_sm90, use_table=explicit_config is None)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -578,47 +595,40 @@ def flash_backward(
     scalars = (max(window_left, 0), max(window_right, 0),
                scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0, scale)
 
-    # Through wrap_triton only when traced, as in attnlab.kernels.forward.flash_forward.
-    if launch_is_traced(q):
-        preprocess, dkdv_kernel, dq_kernel = (wrap_triton(_attn_bwd_preprocess),
-                                              wrap_triton(_attn_bwd_dkdv),
-                                              wrap_triton(_attn_bwd_dq))
-    else:
-        preprocess, dkdv_kernel, dq_kernel = _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq
+    # Through wrap_triton only when traced, as in attnlab.kernels.forward.flash_forward;
+    # a real call goes straight to the compiled kernels after the first (kernels/_launch).
+    traced = launch_is_traced(q)
+    preprocess, dkdv_kernel, dq_kernel = (_launcher(kernel, traced) for kernel in (
+        _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq))
     q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
-    preprocess[(q_blocks * batch * num_heads,)](
+    preprocess((q_blocks * batch * num_heads,), (
         out, dout, dlse if dlse is not None else lse, delta, cu_q,
         *bhs_strides(out, layout), *bhs_strides(dout, layout), *stat_strides,
         num_heads, seqlen_q, q_blocks,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=config.dq_block_m,
-        HAS_DLSE=dlse is not None, IS_VARLEN=is_varlen,
-    )
+    ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=config.dq_block_m,
+            HAS_DLSE=dlse is not None, IS_VARLEN=is_varlen))
     group_size = num_heads // num_kv_heads
-    sm90 = _sm90_dkdv(q, k, v, dout, layout=layout, causal=causal, window=window,
-                      softcap=softcap, requested=dkdv_sm90, use_table=explicit_config is None)
     if sm90 is not None:
         sm90_launch, sm90_config, sm90_dout = sm90
         sm90_launch(q, k, v, sm90_dout, lse, delta, dk, dv, layout=layout, scale=scale,
-                           causal=causal, config=sm90_config)
+                    causal=causal, config=sm90_config)
     else:
         kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
-        dkdv_kernel[(kv_blocks * batch * num_kv_heads,)](
+        dkdv_kernel((kv_blocks * batch * num_kv_heads,), (
             q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
             *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
             *bhs_strides(dout, layout), *bhs_strides(dk, layout), *bhs_strides(dv, layout),
             *stat_strides,
             num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-            BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
-            num_warps=config.num_warps, num_stages=config.num_stages,
-        )
-    dq_kernel[(q_blocks * batch * num_heads,)](
+        ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+                BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
+                num_warps=config.num_warps, num_stages=config.num_stages))
+    dq_kernel((q_blocks * batch * num_heads,), (
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
         *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
         *bhs_strides(dout, layout), *bhs_strides(dq, layout), *stat_strides,
         num_heads, group_size, seqlen_q, seqlen_k, q_blocks, *scalars,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+            BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,
+            num_warps=config.num_warps, num_stages=config.num_stages))
     return dq, dk, dv

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
+from attnlab.kernels._launch import DirectLauncher
 from attnlab.kernels._primitives import (
     LOG2E,
     _kv_band_bounds,
@@ -231,6 +232,9 @@ def offsets_need_int64(seqlen: int, row_stride: int, block_rows: int, head_dim_p
     return (seqlen + block_rows) * abs(row_stride) + head_dim_pad > INT32_MAX
 
 
+_DIRECT_FORWARD = DirectLauncher(_attn_fwd)
+
+
 def _gluon_sm90_choice(q, k, v, *, layout, causal, window, softcap):
     """The Gluon sm_90 kernel's config where its committed dispatch table says it measured
     faster (bench/sm90_dispatch_table.py), else None.  Its module imports Gluon, whose API
@@ -325,20 +329,23 @@ def flash_forward(
                for s in (k_strides, v_strides)))
     num_m_blocks = triton.cdiv(seqlen_q, config.block_m)
     grid = (num_m_blocks * batch * num_heads,)
+    args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+            *q_strides, *k_strides, *v_strides, *o_strides, *stride_lse,
+            num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_m_blocks,
+            max(window_left, 0), max(window_right, 0),
+            scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0)
+    meta = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+                BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
+                REVERSE_M=has_right,
+                UPCAST_DOT=kernel_is_interpreted() and q.dtype == torch.bfloat16,
+                IS_VARLEN=is_varlen, OFFSETS_64=offsets_64,
+                num_warps=config.num_warps, num_stages=config.num_stages)
     # Traced, the launch must be a graph node (wrap_triton's HOP) for Inductor to compile;
-    # a real call skips that HOP's dispatch, which wrap_triton adds for direct callers.
-    (wrap_triton(_attn_fwd) if launch_is_traced(q) else _attn_fwd)[grid](
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-        *q_strides, *k_strides, *v_strides, *o_strides, *stride_lse,
-        num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_m_blocks,
-        max(window_left, 0), max(window_right, 0),
-        scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
-        REVERSE_M=has_right,
-        UPCAST_DOT=kernel_is_interpreted() and q.dtype == torch.bfloat16,
-        IS_VARLEN=is_varlen, OFFSETS_64=offsets_64,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    # a real call skips that HOP's dispatch and, after the first, JITFunction.run's
+    # argument binding (kernels/_launch).
+    if launch_is_traced(q):
+        wrap_triton(_attn_fwd)[grid](*args, **meta)
+    else:
+        _DIRECT_FORWARD(grid, args, meta)
     return out, lse

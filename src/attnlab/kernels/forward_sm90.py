@@ -61,6 +61,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from attnlab.kernels._launch import int_class, launch_compiled
 from attnlab.kernels._primitives import LOG2E, bhs_strides
 from attnlab.kernels._sm90 import (
     REGISTER_FILE,
@@ -68,8 +69,6 @@ from attnlab.kernels._sm90 import (
     descriptor,
     disassemble,
     hardware_refusal,
-    int_class,
-    launch_compiled,
     on_sm90_capability,
     sm_count,
     tma_aligned,

@@ -1,0 +1,78 @@
+"""Launching a compiled Triton kernel without ``JITFunction.run``'s per-call work.
+
+``kernel[grid](...)`` binds and specialises every argument on every call: 38-54 us of
+host time for the Gluon forward's 22 arguments on the H200's host, against 12-16 us for
+the compiled kernel's own launcher (bench/host_cost_h200.py, session 4 run 4).  At
+N = 1k a training step is host-bound (bench/NOTES.md, B5), so the launchers keep each
+compiled kernel under the key Triton itself specialises on and call its launcher
+directly after the first call.  That uses Triton 3.6 internals (``CompiledKernel.run``'s
+argument order), so every other version keeps ``kernel[grid](...)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+# The Triton releases whose compiled-kernel launcher this module calls directly.
+DIRECT_LAUNCH_TRITON = ("3.6.0",)
+
+
+def int_class(value: int) -> tuple[bool, bool, bool]:
+    """What Triton specialises an integer argument on: == 1, divisible by 16, 32-bit."""
+    return value == 1, value % 16 == 0, -2**31 <= value < 2**31
+
+
+def launch_compiled(compiled, grid: tuple[int, ...], bound_args: tuple) -> None:
+    """Triton 3.6's JITFunction.run after its cache lookup: the compiled kernel's
+    launcher with every parameter in signature order (the constexprs ride along; the
+    launcher skips them), the launch hooks honoured."""
+    from triton import knobs
+
+    stream = torch.cuda.current_stream().cuda_stream
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    metadata = compiled.launch_metadata(grid, stream, *bound_args) if enter else None
+    grid = (*grid, 1, 1)
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function,
+                 compiled.packed_metadata, metadata, enter, exit_, *bound_args)
+
+
+def _arg_class(value) -> object:
+    """The part of an argument Triton's specialisation sees."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() % 16 == 0
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int_class(value)
+    if isinstance(value, float):
+        return float
+    raise TypeError(f"no launch class for a {type(value).__name__} argument")
+
+
+class DirectLauncher:
+    """``launcher(grid, args, meta)`` runs ``kernel[grid](*args, **meta)``; from the
+    second call with the same specialisation on it goes straight to the compiled
+    kernel.  ``args`` are the runtime parameters in signature order, ``meta`` every
+    constexpr parameter plus launch options (num_warps, num_stages, ...)."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.compiled: dict[tuple, object] = {}
+
+    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
+        if triton.__version__ not in DIRECT_LAUNCH_TRITON:
+            self.kernel[grid](*args, **meta)
+            return
+        key = (tuple(_arg_class(a) for a in args), tuple(meta.items()),
+               args[0].device if isinstance(args[0], torch.Tensor) else None)
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            constexprs = self.kernel.arg_names[len(args):]
+            if not set(constexprs) <= meta.keys():
+                raise RuntimeError("attnlab bug: a launch must pass every constexpr "
+                                   f"parameter of {self.kernel.fn.__name__} by name")
+            self.compiled[key] = self.kernel[grid](*args, **meta)
+            return
+        constexprs = self.kernel.arg_names[len(args):]
+        launch_compiled(compiled, grid, (*args, *(meta[name] for name in constexprs)))
