@@ -86,19 +86,20 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, ready, empty, lse_base, del
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
     for start_m in range(m_lo, m_hi, BLOCK_M):
         stage = ring % STAGES
+        # LSE and D load while the GEMMs below run (loading D only where dS needs it
+        # left its latency exposed: -9% at d = 128, session 5 run 2).  Rows past
+        # seqlen_q get LSE = +inf (P = 0), as does a row that sees no key (LSE = -inf
+        # from the forward).
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+        in_range = offs_m < seqlen_q
+        lse = gl.load(lse_base + offs_m, mask=in_range, other=float("inf"))
+        delta = gl.load(delta_base + offs_m, mask=in_range, other=0.0)
         mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
         q_tile = q_smem.index(stage)
         do_tile = do_smem.index(stage)
         s_t = warpgroup_mma(k_wg, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v_wg, do_tile.permute((1, 0)), s_zero, use_acc=False,
                              is_async=True)
-        # LSE loads while the GEMMs run (a row's value is replicated across the threads
-        # holding its column: 16 registers at BLOCK_M = 64, so D waits until dS needs it).
-        # Rows past seqlen_q get LSE = +inf (P = 0), as does a row that sees no key
-        # (LSE = -inf from the forward).
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        in_range = offs_m < seqlen_q
-        lse = gl.load(lse_base + offs_m, mask=in_range, other=float("inf"))
         lse_log2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
         s_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, k_wg))
         s_t = s_t * qk_scale
@@ -108,7 +109,6 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, ready, empty, lse_base, del
         p_t = gl.exp2(s_t - gl.expand_dims(lse_log2, 0))
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_tile, dv,
                            is_async=True)
-        delta = gl.load(delta_base + offs_m, mask=in_range, other=0.0)
         dp_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, v_wg))
         ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
         dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, dk,
