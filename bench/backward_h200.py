@@ -507,7 +507,8 @@ def print_table(table) -> None:
 
 
 # ---------------------------------------------------------------------------
-PROFILE_SHAPES = [(128, 1024, True), (128, 1024, False), (128, 4096, True), (64, 1024, True)]
+PROFILE_SHAPES = [(128, 1024, True), (128, 1024, False), (128, 4096, True), (64, 1024, True),
+                  (64, 1024, False)]
 
 
 def phase_profile(out_dir: str, env: dict) -> None:
