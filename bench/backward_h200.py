@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.resources
 import itertools
 import json
 import math
@@ -261,7 +262,7 @@ SM90_ACCURACY_PAIRS = [(1, 1), (1, 239), (239, 1), (113, 203), (203, 113), (1023
 
 
 def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
-               head_dims: list[int]) -> int:
+               head_dims: list[int], accuracy: bool = True) -> int:
     """Accuracy of every candidate (the full grid for the defaults, four cases for the
     others), bit-identical repeats, then the backward timed with each candidate's dK/dV
     against the Triton dK/dV kernel (same dQ kernel and tiles) at the benchmark's shapes.
@@ -272,7 +273,7 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
     path = os.path.join(out_dir, "sm90_backward_sweep.jsonl")
     started, failures, count = time.time(), 0, 0
     heads = [(4, 4), (6, 2), (4, 1)]
-    for head_dim in head_dims:
+    for head_dim in head_dims if accuracy else ():
         for block_m, stages in SM90_CANDIDATES[head_dim]:
             config = sm90.Sm90BackwardConfig(block_m, stages)
             is_default = config == sm90.DEFAULT_CONFIGS[head_dim]
@@ -308,7 +309,7 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
     print(f"sm90 accuracy: {count - failures}/{count} passed ({time.time() - started:.0f} s)",
           flush=True)
 
-    entries, lines = [], []
+    entries, lines, measured = [], [], set()
     for seqlen, head_dim, causal in itertools.product(seqlens, head_dims, (True, False)):
         if time.time() - started > budget_s:
             print("sm90: time budget spent", flush=True)
@@ -341,19 +342,26 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
                      f"{backward_flops / timed['triton'] / 1e9:.0f}, best {best[1]} "
                      f"{backward_flops / best[0] / 1e9:.0f} TFLOP/s (x{gain:.2f})")
         print(lines[-1], flush=True)
+        measured.add((head_dim, causal, length_bucket(seqlen)))
         if gain >= 1.02:
             config = sm90.Sm90BackwardConfig.from_name(best[1])
             entries.append({"head_dim": head_dim, "causal": causal,
                             "bucket": length_bucket(seqlen),
                             "config": dataclasses.asdict(config),
-                            "sm90_vs_triton": round(gain, 4)})
+                            "sm90_vs_triton": round(gain, 4),
+                            "measured": {"git_commit": env.get("git_commit"),
+                                         "timestamp": env.get("timestamp")}})
     with open(path, encoding="utf-8") as handle:
         rows = [json.loads(line) for line in handle]
     bad = {r["config"] for r in rows if r.get("what") == "sm90_backward_accuracy"
            and not r.get("passed")}
-    accurate_configs = {r["config"] for r in rows if r.get("what") == "sm90_backward_accuracy"}
-    entries = [e for e in entries
-               if sm90.Sm90BackwardConfig(**e["config"]).name() in accurate_configs - bad]
+    entries = [e for e in entries if sm90.Sm90BackwardConfig(**e["config"]).name() not in bad]
+    # Buckets this run did not time keep the committed table's entries (each entry says
+    # which run measured it), so a run over a few lengths extends the table.
+    committed = json.loads(importlib.resources.files("attnlab.kernels")
+                           .joinpath("sm90_backward_dispatch.json").read_text())
+    entries += [e for e in committed["entries"]
+                if (e["head_dim"], e["causal"], e["bucket"]) not in measured]
     table = {"source": {k: env.get(k) for k in ("gpu", "torch", "triton", "driver",
                                                  "cuda_runtime", "cudnn", "git_commit",
                                                  "timestamp", "command")},
@@ -648,6 +656,8 @@ def main() -> int:
     parser.add_argument("--sm90-budget", type=float, default=200.0)
     parser.add_argument("--sm90-seqlens", default="4096,1024,16384,2048,8192")
     parser.add_argument("--sm90-heads", default="128,64")
+    parser.add_argument("--sm90-skip-accuracy", action="store_true",
+                        help="time only (the candidates' accuracy was recorded before)")
     parser.add_argument("--flex", choices=("default", "all", "none"), default="default")
     parser.add_argument("--providers", default=",".join(BENCH_PROVIDERS),
                         help="bench providers, comma-separated (default: all five)")
@@ -673,7 +683,8 @@ def main() -> int:
     if "sm90" in phases:
         failures += phase_sm90(args.out, env, args.sm90_budget,
                                [int(n) for n in args.sm90_seqlens.split(",")],
-                               [int(d) for d in args.sm90_heads.split(",")])
+                               [int(d) for d in args.sm90_heads.split(",")],
+                               accuracy=not args.sm90_skip_accuracy)
     if "tune" in phases:
         winners = phase_tune(args.out, env, [int(d) for d in args.tune_heads.split(",")],
                              args.tune_budget, [int(n) for n in args.tune_seqlens.split(",")])
