@@ -547,7 +547,8 @@ def _compiled_and_eager(q, k, v, dout, **compile_options):
 @pytest.mark.gpu
 @gpu
 def test_gpu_compile_inlines_the_triton_kernels():
-    q, k, v, dout = make_inputs(2, 4, 2, 96, 160, 64, torch.float16, seed=21)
+    # d = 32: outside both sm_90 dispatch tables, so eager runs the same Triton kernels.
+    q, k, v, dout = make_inputs(2, 4, 2, 96, 160, 32, torch.float16, seed=21)
     (out, lse, grads), (eager_out, eager_lse, eager_grads), code = _compiled_and_eager(
         q, k, v, dout)
     for name in KERNEL_NAMES:
@@ -603,6 +604,18 @@ def test_gpu_compile_takes_the_triton_kernel_where_eager_takes_sm90():
     assert "_attn_fwd" in code and "_attn_fwd_sm90" not in code
     assert "attnlab.flash_fwd" not in code
     assert check_accuracy(out, lse, q, k, v, causal=True, scale=0.0625, layout="bshd").passed
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_compile_takes_the_triton_dkdv_where_eager_takes_sm90():
+    # d = 128 causal: every bucket is in the committed backward table (eager computes dK,
+    # dV with the Gluon kernel on an H200 with Triton 3.6); traced, the Triton one runs.
+    q, k, v, dout = make_inputs(2, 4, 2, 1024, 1024, 128, torch.bfloat16, seed=25)
+    (out, lse, grads), _, code = _compiled_and_eager(q, k, v, dout)
+    assert "_attn_bwd_dkdv" in code and "_attn_bwd_dkdv_sm90" not in code
+    checks = check_gradients(grads, q, k, v, dout, causal=True, scale=0.25, layout="bshd")
+    assert all(c.passed for c in checks), checks
 
 
 @pytest.mark.gpu

@@ -35,5 +35,6 @@ def test_a_launch_missing_a_constexpr_is_an_attnlab_bug(monkeypatch):
             __name__ = "k"
 
     monkeypatch.setattr("attnlab.kernels._launch.triton.__version__", "3.6.0")
+    monkeypatch.setattr("attnlab.kernels._launch.kernel_is_interpreted", lambda: False)
     with pytest.raises(RuntimeError, match="constexpr"):
         DirectLauncher(Kernel())((1,), (torch.zeros(1), 3), {"num_warps": 4})

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 
+from attnlab.kernels._primitives import kernel_is_interpreted
+
 # The Triton releases whose compiled-kernel launcher this module calls directly.
 DIRECT_LAUNCH_TRITON = ("3.6.0",)
 
@@ -61,7 +63,8 @@ class DirectLauncher:
         self.compiled: dict[tuple, object] = {}
 
     def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
-        if triton.__version__ not in DIRECT_LAUNCH_TRITON:
+        # Triton's CPU interpreter has no compiled kernel to keep.
+        if triton.__version__ not in DIRECT_LAUNCH_TRITON or kernel_is_interpreted():
             self.kernel[grid](*args, **meta)
             return
         key = (tuple(_arg_class(a) for a in args), tuple(meta.items()),

@@ -30,6 +30,8 @@ inside one tile (at most 128 rows times a row stride) stay int32.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
@@ -57,6 +59,9 @@ from attnlab.kernels.configs import (
 )
 from attnlab.masking import effective_window
 from attnlab.shapes import AttentionShape
+
+if TYPE_CHECKING:  # the Gluon module is imported only on the Triton it was built for
+    from attnlab.kernels.backward_sm90 import Sm90BackwardConfig
 
 
 @triton.jit
@@ -512,7 +517,7 @@ def flash_backward(
     cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
     config: BackwardConfig | None = None, dlse: torch.Tensor | None = None,
-    dkdv_sm90: object | None = None,
+    dkdv_sm90: Sm90BackwardConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of attention given dO, from the forward's q, k, v, O and LSE.
 

@@ -436,12 +436,6 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
 _COMPILED: dict[tuple, object] = {}
 
 
-@functools.cache
-def kernel_name() -> str:
-    """The name the profiler shows."""
-    return _attn_bwd_dkdv_sm90.fn.__name__
-
-
 # ---------------------------------------------------------------------------
 # Compile-only path: sm_90 code without a GPU, for the CPU test and the evidence.
 # ---------------------------------------------------------------------------
