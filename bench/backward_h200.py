@@ -109,6 +109,28 @@ def correctness_cases(quick: bool) -> list[tuple]:
     return cases
 
 
+def accuracy_case(row: dict, inputs: tuple, seed: int, options: dict,
+                  repeat_options: dict) -> bool:
+    """One gradient case into ``row``: dQ, dK, dV against float64 by the gradient rule,
+    and bit-identical when run again with ``repeat_options``; a crash is a failure."""
+    head_dim = inputs[5]
+    try:
+        q, k, v, dout = make_inputs(*inputs, seed=seed)
+        grads = gradients(q, k, v, dout, **options)
+        again = gradients(q, k, v, dout, **{**options, **repeat_options})
+        mask = {name: value for name, value in options.items() if name != "dkdv_sm90"}
+        checks = check_gradients(grads, q, k, v, dout, layout="bshd",
+                                 scale=1.0 / math.sqrt(head_dim), **mask)
+        identical = all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
+        passed = all(c.passed for c in checks) and identical
+        row.update(passed=passed, bit_identical=identical,
+                   errors={c.name: [c.error, c.allowed] for c in checks})
+    except Exception as error:  # noqa: BLE001 - a crashing case is a recorded failure
+        passed = False
+        row.update(passed=False, error=f"{type(error).__name__}: {str(error)[:300]}")
+    return passed
+
+
 def phase_correct(out_dir: str, env: dict, quick: bool, budget_s: float) -> int:
     path = os.path.join(out_dir, "backward_correctness.jsonl")
     started, failures, count = time.time(), 0, 0
@@ -119,20 +141,8 @@ def phase_correct(out_dir: str, env: dict, quick: bool, budget_s: float) -> int:
         row = {"what": "backward_accuracy", "head_dim": head_dim, "seqlen_q": seqlen_q,
                "seqlen_k": seqlen_k, "heads": hq, "kv_heads": hk, "mask": mask, "dtype": dtype,
                **env}
-        try:
-            q, k, v, dout = make_inputs(2, hq, hk, seqlen_q, seqlen_k, head_dim, DTYPES[dtype],
-                                        seed=head_dim + seqlen_q)
-            grads = gradients(q, k, v, dout, **MASKS[mask])
-            again = gradients(q, k, v, dout, deterministic=True, **MASKS[mask])
-            checks = check_gradients(grads, q, k, v, dout, layout="bshd",
-                                     scale=1.0 / math.sqrt(head_dim), **MASKS[mask])
-            identical = all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
-            passed = all(c.passed for c in checks) and identical
-            row.update(passed=passed, bit_identical=identical,
-                       errors={c.name: [c.error, c.allowed] for c in checks})
-        except Exception as error:  # noqa: BLE001 - a crashing case is a recorded failure
-            passed = False
-            row.update(passed=False, error=f"{type(error).__name__}: {str(error)[:300]}")
+        passed = accuracy_case(row, (2, hq, hk, seqlen_q, seqlen_k, head_dim, DTYPES[dtype]),
+                               head_dim + seqlen_q, MASKS[mask], {"deterministic": True})
         count += 1
         failures += not passed
         log_line(path, row)
@@ -285,20 +295,9 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
                 row = {"what": "sm90_backward_accuracy", "config": config.name(),
                        "head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
                        "heads": hq, "kv_heads": hk, "causal": causal, "dtype": dtype, **env}
-                try:
-                    q, k, v, dout = make_inputs(2, hq, hk, seqlen_q, seqlen_k, head_dim,
-                                                DTYPES[dtype], seed=head_dim + seqlen_q + i)
-                    grads = gradients(q, k, v, dout, causal=causal, dkdv_sm90=config)
-                    again = gradients(q, k, v, dout, causal=causal, dkdv_sm90=config)
-                    checks = check_gradients(grads, q, k, v, dout, layout="bshd",
-                                             scale=1.0 / math.sqrt(head_dim), causal=causal)
-                    identical = all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
-                    passed = all(c.passed for c in checks) and identical
-                    row.update(passed=passed, bit_identical=identical,
-                               errors={c.name: [c.error, c.allowed] for c in checks})
-                except Exception as error:  # noqa: BLE001 - a crash is a recorded failure
-                    passed = False
-                    row.update(passed=False, error=f"{type(error).__name__}: {str(error)[:300]}")
+                passed = accuracy_case(
+                    row, (2, hq, hk, seqlen_q, seqlen_k, head_dim, DTYPES[dtype]),
+                    head_dim + seqlen_q + i, {"causal": causal, "dkdv_sm90": config}, {})
                 count += 1
                 failures += not passed
                 log_line(path, row)

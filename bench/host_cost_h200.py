@@ -81,7 +81,7 @@ def main() -> int:
         jit_kwargs = dict(HEAD_DIM=128, BLOCK_M=sm90.BLOCK_M, BLOCK_N=config.block_n,
                           STAGES=config.stages, IS_CAUSAL=True,
                           PRODUCER_REGS=config.producer_regs, **meta,
-                          maxnreg=sm90.maxnreg(config))
+                          maxnreg=sm90.MAXNREG)
         compiled = kernel[(1,)](*jit_args, **jit_kwargs)
         # The same launch Triton 3.6's JITFunction.run ends with, minus its argument
         # binding and cache lookup (constexprs ride along; the launcher skips them).

@@ -28,6 +28,7 @@ import torch
 
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels import forward_sm90 as sm90
+from attnlab.kernels._sm90 import SHARED_MEMORY_LIMIT, disassemble
 from attnlab.kernels.configs import forward_config, length_bucket
 from attnlab.kernels.forward import flash_forward
 from attnlab.measure.providers import prepare, provider
@@ -120,7 +121,7 @@ def sweep_configs(head_dim: int, quick: bool, schedules=sm90.SCHEDULES,
                   for persistent in (False, True) for schedule in schedules
                   for rescale in rescales for store in stores]
     candidates = [c for c in candidates
-                  if sm90.shared_memory_bytes(head_dim, c) <= sm90.SHARED_MEMORY_LIMIT]
+                  if sm90.shared_memory_bytes(head_dim, c) <= SHARED_MEMORY_LIMIT]
     if quick:
         candidates = candidates[:2]
     return candidates
@@ -270,7 +271,7 @@ def phase_sass(out_dir: str) -> None:
             entry = {"tag": tag, "specialisation": str(key)[:600], "n_regs": kernel.n_regs,
                      "n_spills": kernel.n_spills, "shared": kernel.metadata.shared,
                      **sm90.overlap_evidence(kernel.asm)}
-            sass = sm90.disassemble(kernel.asm["cubin"])
+            sass = disassemble(kernel.asm["cubin"])
             if sass is not None and i < 4:
                 with open(os.path.join(folder, f"{tag}.sass"), "w") as f:
                     f.write(sass)

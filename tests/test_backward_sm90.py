@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +18,7 @@ import triton
 
 from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.accuracy import check_gradients
+from attnlab.kernels._sm90 import SHARED_MEMORY_LIMIT
 from attnlab.kernels.backward_sm90 import (
     BUILT_FOR_TRITON,
     DEFAULT_CONFIGS,
@@ -100,27 +96,21 @@ def test_the_dispatch_table_names_only_valid_configs():
     for (head_dim, causal, bucket), config in backward_sm90._dispatch_table().items():
         assert head_dim in backward_sm90.SUPPORTED_HEAD_DIMS and isinstance(causal, bool)
         assert bucket in (1024, 2048, 4096, 8192, 16384)
-        assert backward_sm90.shared_memory_bytes(head_dim, config) <= 232448
+        assert backward_sm90.shared_memory_bytes(head_dim, config) <= SHARED_MEMORY_LIMIT
 
 
 # ----- sm_90 code without a GPU (CPU, ~10 s) ----------------------------------------------
 
 @built_here
-def test_compiles_for_sm90_with_roles_and_no_spills():
-    # Gluon does not compile under TRITON_INTERPRET=1: a fresh process without it.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "src"),
-                                         env.get("PYTHONPATH", "")])
-    script = ("import json; from attnlab.kernels.backward_sm90 import *; out = []\n"
-              "for d, causal in ((128, True), (64, False)):\n"
-              "    c = DEFAULT_CONFIGS[d]; k = compile_for_sm90(d, c, causal=causal)\n"
-              "    out.append({**sass_evidence(k.asm), 'shared': k.metadata.shared,\n"
-              "                'estimate': shared_memory_bytes(d, c)})\n"
-              "print(json.dumps(out))")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for evidence in json.loads(done.stdout.strip().splitlines()[-1]):
+def test_compiles_for_sm90_with_roles_and_no_spills(json_from_fresh_python):
+    compiled = json_from_fresh_python(
+        "import json; from attnlab.kernels.backward_sm90 import *; out = []\n"
+        "for d, causal in ((128, True), (64, False)):\n"
+        "    c = DEFAULT_CONFIGS[d]; k = compile_for_sm90(d, c, causal=causal)\n"
+        "    out.append({**sass_evidence(k.asm), 'shared': k.metadata.shared,\n"
+        "                'estimate': shared_memory_bytes(d, c)})\n"
+        "print(json.dumps(out))")
+    for evidence in compiled:
         # The refusal's shared-memory estimate is an upper bound, and a tight one.
         assert 0 <= evidence["estimate"] - evidence["shared"] <= 1024
         assert ["dec", "24"] in evidence["setmaxnreg"]

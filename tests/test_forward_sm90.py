@@ -13,7 +13,6 @@ import functools
 import itertools
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -134,20 +133,12 @@ def test_unknown_config_names_are_refused(name):
 # ----- sm_90 code without a GPU (CPU, ~5 s) -----------------------------------------------
 
 @built_here
-def test_compiles_for_sm90_with_roles_and_overlap():
-    # Gluon does not compile under TRITON_INTERPRET=1 (its reductions become interpreter
-    # functions), so the compile runs in a fresh process without it.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "src"),
-                                         env.get("PYTHONPATH", "")])
-    script = ("import json; from attnlab.kernels.forward_sm90 import *; "
-              "c = DEFAULT_CONFIGS[128]; k = compile_for_sm90(128, c, causal=True); "
-              "print(json.dumps({**overlap_evidence(k.asm), 'shared': k.metadata.shared, "
-              "'estimate': shared_memory_bytes(128, c)}))")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    evidence = json.loads(done.stdout.strip().splitlines()[-1])
+def test_compiles_for_sm90_with_roles_and_overlap(json_from_fresh_python):
+    evidence = json_from_fresh_python(
+        "import json; from attnlab.kernels.forward_sm90 import *; "
+        "c = DEFAULT_CONFIGS[128]; k = compile_for_sm90(128, c, causal=True); "
+        "print(json.dumps({**overlap_evidence(k.asm), 'shared': k.metadata.shared, "
+        "'estimate': shared_memory_bytes(128, c)}))")
     # The refusal's shared-memory estimate is an upper bound, and a tight one.
     assert 0 <= evidence["estimate"] - evidence["shared"] <= 1024
     # The producer gives registers back, the consumers take them (setmaxnreg per role).

@@ -90,6 +90,16 @@ def bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def dense_sizes(q: torch.Tensor, k: torch.Tensor, layout: str
+                ) -> tuple[int, int, int, int, int, int]:
+    """(batch, seqlen_q, query heads, head_dim, seqlen_k, kv heads) of bshd or bhsd q, k."""
+    if layout == "bshd":
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        return batch, seqlen_q, num_heads, head_dim, k.shape[1], k.shape[2]
+    batch, num_heads, seqlen_q, head_dim = q.shape
+    return batch, seqlen_q, num_heads, head_dim, k.shape[2], k.shape[1]
+
+
 # TRITON_INTERPRET=1 at import makes every @triton.jit an InterpretedFunction.
 INTERPRETED = not isinstance(_mma, JITFunction)
 

@@ -9,12 +9,16 @@ imported only on ``configs.GLUON_SM90_TRITON_VERSIONS``.
 from __future__ import annotations
 
 import functools
+import importlib.resources
+import json
+import re
 
 import torch
 import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from attnlab.kernels._launch import launch_compiled
 from attnlab.kernels._primitives import bhs_strides
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -36,6 +40,21 @@ def hardware_refusal(capability: tuple[int, int] | None, triton_version: str,
                 f"(Gluon's API changes between releases); found {triton_version}")
     if dtype not in SUPPORTED_DTYPES:
         return f"dtype must be float16 or bfloat16, got {dtype}"
+    return None
+
+
+def check_producer_regs(producer_regs: int) -> None:
+    """setmaxnreg takes multiples of 8; below 24 the producer warp cannot hold its loop."""
+    if producer_regs % 8 or not 24 <= producer_regs <= 64:
+        raise ValueError(f"producer_regs must be a multiple of 8 in [24, 64], "
+                         f"got {producer_regs}")
+
+
+def shared_memory_refusal(config, needed: int, head_dim: int) -> str | None:
+    """Why ``config`` cannot run for lack of shared memory, or None."""
+    if needed > SHARED_MEMORY_LIMIT:
+        return (f"{config} needs {needed} bytes of shared memory at head_dim {head_dim}; "
+                f"sm_90 has {SHARED_MEMORY_LIMIT}")
     return None
 
 
@@ -104,3 +123,70 @@ def disassemble(cubin: bytes) -> str | None:
         done = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
                               check=False)
     return done.stdout if done.returncode == 0 else None
+
+
+def launch_maxnreg(consumer_warps: int) -> int:
+    """The kernel-wide register cap at launch: the consumer warps plus the producer's
+    warpgroup (warps are allocated by fours) share the register file at one CTA per SM;
+    setmaxnreg then moves registers from the producer to the consumers (240 at 24)."""
+    return REGISTER_FILE // ((consumer_warps + 4) * 32) // 8 * 8
+
+
+def launch_cached(cache: dict, key: tuple, kernel, grid: tuple[int], args: tuple,
+                  constexprs: dict, maxnreg: int) -> None:
+    """``kernel[grid](*args, **constexprs)`` the first time per ``key`` (what Triton
+    specialises on), the compiled kernel's own launcher after that (``launch_compiled``).
+    ``constexprs`` must follow the runtime arguments in the kernel's parameter order."""
+    compiled = cache.get(key)
+    if compiled is None:
+        if kernel.arg_names != [*kernel.arg_names[:len(args)], *constexprs]:
+            raise RuntimeError("attnlab bug: the launch arguments are out of the kernel's "
+                               "parameter order")
+        cache[key] = kernel[grid](*args, **constexprs, maxnreg=maxnreg)
+    else:
+        launch_compiled(compiled, grid, (*args, *constexprs.values()))
+
+
+def compile_sm90(kernel, signature: dict, constants: dict, aligned: tuple[str, ...],
+                 maxnreg: int):
+    """``kernel`` compiled for sm_90a without a GPU (``.asm['ptx']``, ``.asm['cubin']``,
+    ``.metadata``).  ``aligned`` names the arguments a launch on contiguous tensors
+    specialises as 16-divisible (without it, stores compile to narrower ones)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    signature = {**signature, **{name: "constexpr" for name in constants}}
+    names = list(signature)
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = GluonASTSource(kernel, signature, constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": constants["num_warps"], "maxnreg": maxnreg})
+
+
+def code_evidence(asm: dict) -> tuple[dict, str | None]:
+    """What compiled code shows, and its SASS (None without cuobjdump): setmaxnreg per
+    role, ``wait_group 1`` count (a wgmma left in flight), the partition barriers'
+    thread counts (128 = one warpgroup; 256 would tie two consumers together), the
+    register cap, and from the SASS the HGMMA count, spills and highest register."""
+    ptx = asm["ptx"]
+    evidence = {
+        "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)",
+                                            ptx))),
+        "wait_group_1": ptx.count("wgmma.wait_group.sync.aligned 1"),
+        "barrier_threads": sorted({int(n) for n in re.findall(r"bar\.sync\s+\d+,\s*(\d+)", ptx)}),
+        "maxnreg": int(m.group(1)) if (m := re.search(r"\.maxnreg (\d+)", ptx)) else None,
+    }
+    sass = disassemble(asm["cubin"])
+    if sass is not None:
+        evidence.update(
+            hgmma=len(re.findall(r"\bHGMMA\.", sass)),
+            local_memory_ops=len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+            highest_register=max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=0),
+        )
+    return evidence, sass
+
+
+def dispatch_entries(filename: str) -> list[dict]:
+    """The entries of a committed dispatch table in ``attnlab/kernels``."""
+    text = importlib.resources.files("attnlab.kernels").joinpath(filename).read_text()
+    return json.loads(text)["entries"]

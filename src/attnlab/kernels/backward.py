@@ -48,6 +48,7 @@ from attnlab.kernels._primitives import (
     _q_band_bounds,
     _softcap_tanh,
     bhs_strides,
+    dense_sizes,
     kernel_is_interpreted,
     launch_is_traced,
 )
@@ -549,12 +550,8 @@ def flash_backward(
             raise ValueError(f"dlse must have LSE's shape {tuple(lse.shape)}, got {tuple(dlse.shape)}")
         dlse = dlse.to(torch.float32).contiguous()
 
-    if layout == "bshd":
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
-    elif layout == "bhsd":
-        batch, num_heads, seqlen_q, head_dim = q.shape
-        num_kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    if layout != "thd":
+        batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
     else:
         _, num_heads, head_dim = q.shape
         num_kv_heads = k.shape[1]

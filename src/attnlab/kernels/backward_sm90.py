@@ -34,8 +34,6 @@ block's padding, computed and never stored.
 from __future__ import annotations
 
 import functools
-import importlib.resources
-import json
 import re
 from dataclasses import dataclass
 
@@ -50,15 +48,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from attnlab.kernels._launch import int_class, launch_compiled
-from attnlab.kernels._primitives import LOG2E, bhs_strides
+from attnlab.kernels._launch import int_class
+from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
 from attnlab.kernels._sm90 import (
-    REGISTER_FILE,
-    SHARED_MEMORY_LIMIT,
+    check_producer_regs,
+    code_evidence,
+    compile_sm90,
     descriptor,
-    disassemble,
+    dispatch_entries,
     hardware_refusal,
+    launch_cached,
+    launch_maxnreg,
     on_sm90_capability,
+    shared_memory_refusal,
     tma_aligned,
 )
 from attnlab.kernels.configs import GLUON_SM90_TRITON_VERSIONS, length_bucket
@@ -71,6 +73,8 @@ KEYS_PER_WARPGROUP = BLOCK_N // 2
 _KEYS = gl.constexpr(KEYS_PER_WARPGROUP)  # the same, readable inside the kernel
 CONSUMER_WARPS = 4
 CONSUMER_REGS = 240
+# The kernel-wide register cap at launch (two consumer warpgroups and the producer's).
+MAXNREG = launch_maxnreg(2 * CONSUMER_WARPS)
 
 
 @gluon.jit
@@ -318,9 +322,7 @@ class Sm90BackwardConfig:
                              f"got {self.block_m}")
         if self.stages not in (2, 3, 4):
             raise ValueError(f"stages must be 2, 3 or 4, got {self.stages}")
-        if self.producer_regs % 8 or not 24 <= self.producer_regs <= 64:
-            raise ValueError(f"producer_regs must be a multiple of 8 in [24, 64], "
-                             f"got {self.producer_regs}")
+        check_producer_regs(self.producer_regs)
 
     def name(self) -> str:
         """One token for records: sm90bwd[m64,s2,r24]."""
@@ -348,13 +350,6 @@ def shared_memory_bytes(head_dim: int, config: Sm90BackwardConfig, itemsize: int
     return tiles * itemsize + 8 * (1 + 2 * config.stages) + 512
 
 
-def maxnreg(config: Sm90BackwardConfig) -> int:
-    """The kernel-wide register cap at launch (two consumer warpgroups plus the
-    producer's, one CTA per SM); setmaxnreg then moves the producer's share."""
-    threads = (2 * CONSUMER_WARPS + 4) * 32
-    return REGISTER_FILE // threads // 8 * 8
-
-
 def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: torch.dtype,
             head_dim: int, window: tuple[int, int], softcap: float, layout: str,
             aligned: bool, config: Sm90BackwardConfig | None = None) -> str | None:
@@ -374,10 +369,7 @@ def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: t
         return ("TMA needs a unit-stride head dim, 16-byte aligned base pointers and nonzero "
                 "strides, and non-empty sequences")
     config = config or DEFAULT_CONFIGS[head_dim]
-    if shared_memory_bytes(head_dim, config) > SHARED_MEMORY_LIMIT:
-        return (f"{config} needs {shared_memory_bytes(head_dim, config)} bytes of shared "
-                f"memory at head_dim {head_dim}; sm_90 has {SHARED_MEMORY_LIMIT}")
-    return None
+    return shared_memory_refusal(config, shared_memory_bytes(head_dim, config), head_dim)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
@@ -400,12 +392,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
            layout: str, scale: float, causal: bool, config: Sm90BackwardConfig) -> None:
     """Write dK and dV of a call ``supports`` accepted: q, k, v, dout in ``layout``, LSE
     (natural log) and D = rowsum(dO ∘ O) as (batch, heads, seqlen_q) fp32."""
-    if layout == "bshd":
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
-    else:
-        batch, num_heads, seqlen_q, head_dim = q.shape
-        num_kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
     num_kv_blocks = triton.cdiv(seqlen_k, BLOCK_N)
     grid = (num_kv_blocks * batch * num_kv_heads,)
     out_strides = (*bhs_strides(dk, layout), *bhs_strides(dv, layout))
@@ -420,15 +407,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
     key = (config, causal, head_dim, q.dtype, q.device,
            tuple(int_class(s) for s in (lse.stride(0), lse.stride(1), *out_strides)),
            max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        kernel = _attn_bwd_dkdv_sm90
-        if kernel.arg_names != [*kernel.arg_names[:len(args)], *constexprs]:
-            raise RuntimeError("attnlab bug: the launch arguments are out of the kernel's "
-                               "parameter order")
-        _COMPILED[key] = kernel[grid](*args, **constexprs, maxnreg=maxnreg(config))
-    else:
-        launch_compiled(compiled, grid, (*args, *constexprs.values()))
+    launch_cached(_COMPILED, key, _attn_bwd_dkdv_sm90, grid, args, constexprs, MAXNREG)
 
 
 # Launched kernels by what Triton specialises them on (config, mask, head dim, dtype,
@@ -443,8 +422,6 @@ _COMPILED: dict[tuple, object] = {}
 def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
                      causal: bool = False, dtype: str = "bf16"):
     """The compiled kernel (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata``) for sm_90a."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
     config = config or DEFAULT_CONFIGS[head_dim]
@@ -454,43 +431,22 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
     q_type = mangle_type(descriptor(example, "bshd", config.block_m))
     signature = {"k_desc": kv_type, "v_desc": kv_type, "q_desc": q_type, "do_desc": q_type,
                  "LSE": "*fp32", "DELTA": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}"}
-    for name in ("stride_lseb", "stride_lseh", "stride_dkb", "stride_dkh", "stride_dkn",
-                 "stride_dvb", "stride_dvh", "stride_dvn", "num_kv_heads", "group_size",
-                 "seqlen_q", "seqlen_k", "num_kv_blocks"):
+    strides = ("stride_lseb", "stride_lseh", "stride_dkb", "stride_dkh", "stride_dkn",
+               "stride_dvb", "stride_dvh", "stride_dvn")
+    for name in (*strides, "num_kv_heads", "group_size", "seqlen_q", "seqlen_k",
+                 "num_kv_blocks"):
         signature[name] = "i32"
     signature.update(qk_scale="fp32", scale="fp32")
     constants = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
                      IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
                      CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
-    signature.update({name: "constexpr" for name in constants})
-    names = list(signature)
-    aligned = ("LSE", "DELTA", "DK", "DV", "stride_lseb", "stride_lseh", "stride_dkb",
-               "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh", "stride_dvn")
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    source = GluonASTSource(_attn_bwd_dkdv_sm90, signature, constants, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": CONSUMER_WARPS, "maxnreg": maxnreg(config)})
+    return compile_sm90(_attn_bwd_dkdv_sm90, signature, constants,
+                        ("LSE", "DELTA", "DK", "DV", *strides), MAXNREG)
 
 
 def sass_evidence(asm: dict) -> dict:
-    """What the compiled code shows: the partition barriers' widths, registers, spills,
-    wgmma count and waits (``wait_group 1`` > 0: a GEMM stays in flight under the
-    exponentials)."""
-    ptx = asm["ptx"]
-    evidence = {
-        "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)",
-                                            ptx))),
-        "wait_group_1": ptx.count("wgmma.wait_group.sync.aligned 1"),
-        "barrier_threads": sorted({int(n) for n in re.findall(r"bar\.sync\s+\d+,\s*(\d+)", ptx)}),
-    }
-    sass = disassemble(asm["cubin"])
-    if sass is not None:
-        evidence.update(
-            hgmma=len(re.findall(r"\bHGMMA\.", sass)),
-            local_memory_ops=len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-            highest_register=max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=0),
-        )
-    return evidence
+    """``_sm90.code_evidence``: roles, waits, partition barriers, spills."""
+    return code_evidence(asm)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -502,10 +458,8 @@ def _dispatch_table() -> dict[tuple[int, bool, int], Sm90BackwardConfig]:
     """(head_dim, causal, length bucket) -> config, the buckets where the backward with
     this kernel measured faster than with the Triton dK/dV kernel (written from
     bench/backward_h200.py's ``sm90`` phase by bench/sm90_dispatch_table.py --backward)."""
-    text = (importlib.resources.files("attnlab.kernels")
-            .joinpath("sm90_backward_dispatch.json").read_text())
     return {(e["head_dim"], e["causal"], e["bucket"]): Sm90BackwardConfig(**e["config"])
-            for e in json.loads(text)["entries"]}
+            for e in dispatch_entries("sm90_backward_dispatch.json")}
 
 
 def dispatch_config(q: torch.Tensor, k: torch.Tensor, *, layout: str, causal: bool

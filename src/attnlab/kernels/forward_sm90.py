@@ -45,8 +45,6 @@ visible key outputs O = 0 and LSE = -inf.
 from __future__ import annotations
 
 import functools
-import importlib.resources
-import json
 import re
 from dataclasses import dataclass
 
@@ -61,15 +59,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from attnlab.kernels._launch import int_class, launch_compiled
-from attnlab.kernels._primitives import LOG2E, bhs_strides
+from attnlab.kernels._launch import int_class
+from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
 from attnlab.kernels._sm90 import (
-    REGISTER_FILE,
-    SHARED_MEMORY_LIMIT,
+    check_producer_regs,
+    code_evidence,
+    compile_sm90,
     descriptor,
-    disassemble,
+    dispatch_entries,
     hardware_refusal,
+    launch_cached,
+    launch_maxnreg,
     on_sm90_capability,
+    shared_memory_refusal,
     sm_count,
     tma_aligned,
 )
@@ -81,6 +83,8 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 BLOCK_M = 128            # two consumer warpgroups x 64 query rows
 CONSUMER_WARPS = 4       # per consumer warpgroup (and partition)
 CONSUMER_REGS = 240      # per consumer thread once the producer's warpgroup gave its share
+# The kernel-wide register cap at launch (two consumer warpgroups and the producer's).
+MAXNREG = launch_maxnreg(2 * CONSUMER_WARPS)
 SCHEDULES = ("split", "pingpong")
 RESCALES = ("late", "early")
 STORES = ("direct", "vector")
@@ -502,9 +506,7 @@ class Sm90Config:
                              f"TMA's box take), got {self.block_n}")
         if self.stages not in (2, 3):
             raise ValueError(f"stages must be 2 or 3, got {self.stages}")
-        if self.producer_regs % 8 or not 24 <= self.producer_regs <= 64:
-            raise ValueError(f"producer_regs must be a multiple of 8 in [24, 64], "
-                             f"got {self.producer_regs}")
+        check_producer_regs(self.producer_regs)
 
     def name(self) -> str:
         """The config in one token, as the sweep's records and the winners name it:
@@ -555,14 +557,6 @@ def shared_memory_bytes(head_dim: int, config: Sm90Config, itemsize: int = 2) ->
 _VECTOR_STORE_STAGING = {64: 16384, 128: 16384, 256: 32768}
 
 
-def maxnreg(config: Sm90Config) -> int:
-    """The kernel-wide register cap at launch: two consumer warpgroups plus the
-    producer's (warps are allocated by fours) share the register file at one CTA per SM;
-    setmaxnreg then moves registers from the producer to the consumers (240 at 24)."""
-    threads = (2 * CONSUMER_WARPS + 4) * 32
-    return REGISTER_FILE // threads // 8 * 8
-
-
 def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: torch.dtype,
             head_dim: int, window: tuple[int, int], softcap: float, aligned: bool,
             config: Sm90Config | None = None) -> str | None:
@@ -581,10 +575,7 @@ def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: t
         return ("TMA needs a unit-stride head dim, 16-byte aligned base pointers and strides, "
                 "and non-empty sequences")
     config = config or DEFAULT_CONFIGS[head_dim]
-    if shared_memory_bytes(head_dim, config) > SHARED_MEMORY_LIMIT:
-        return (f"{config} needs {shared_memory_bytes(head_dim, config)} bytes of shared "
-                f"memory at head_dim {head_dim}; sm_90 has {SHARED_MEMORY_LIMIT}")
-    return None
+    return shared_memory_refusal(config, shared_memory_bytes(head_dim, config), head_dim)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -624,12 +615,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, sc
     """``flash_forward_sm90`` without its checks, for a call ``supports`` accepted with
     this config (``dispatch_config`` returns only such configs): the dispatched path
     checks once, not twice (each check is ~15-30 us of host time per call)."""
-    if layout == "bshd":
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
-    else:
-        batch, num_heads, seqlen_q, head_dim = q.shape
-        num_kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(f"query heads ({num_heads}) must be a multiple of kv heads "
                          f"({num_kv_heads})")
@@ -646,19 +632,12 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, sc
                       STAGES=config.stages, IS_CAUSAL=causal,
                       PRODUCER_REGS=config.producer_regs, **meta)
     key = launch_key(config, causal, q, strides, max(seqlen_q, seqlen_k, num_work))
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        if kernel.arg_names != [*kernel.arg_names[:len(args)], *constexprs]:
-            raise RuntimeError("attnlab bug: the launch arguments are out of the kernel's "
-                               "parameter order")
-        _COMPILED[key] = kernel[grid](*args, **constexprs, maxnreg=maxnreg(config))
-    else:
-        launch_compiled(compiled, grid, (*args, *constexprs.values()))
+    launch_cached(_COMPILED, key, kernel, grid, args, constexprs, MAXNREG)
     return out, lse
 
 
 # Launched kernels by launch_key: the call after the first goes straight to the
-# compiled kernel's launcher (_sm90.launch_compiled).
+# compiled kernel's launcher (_sm90.launch_cached).
 _COMPILED: dict[tuple, object] = {}
 
 
@@ -680,7 +659,7 @@ def kernel_name(config: Sm90Config) -> str:
 def _kernel_and_meta(config: Sm90Config):
     """The kernel and its schedule-dependent meta-parameters (num_warps = the default
     partition's warps, i.e. consumer warpgroup 0)."""
-    # In the kernel's parameter order: _launch_compiled passes them by position.
+    # In the kernel's parameter order: launch_cached passes them by position.
     return _attn_fwd_sm90, {"CONSUMER_REGS": CONSUMER_REGS,
                             "PINGPONG": config.schedule == "pingpong",
                             "EARLY_RESCALE": config.rescale == "early",
@@ -692,9 +671,8 @@ def _kernel_and_meta(config: Sm90Config):
 def _dispatch_table() -> dict[tuple[int, bool, int], Sm90Config]:
     """(head_dim, causal, length bucket) -> config, for the buckets where this kernel
     measured faster than the Triton kernel (written by bench/sm90_dispatch_table.py)."""
-    text = importlib.resources.files("attnlab.kernels").joinpath("sm90_dispatch.json").read_text()
     return {(e["head_dim"], e["causal"], e["bucket"]): Sm90Config(**e["config"])
-            for e in json.loads(text)["entries"]}
+            for e in dispatch_entries("sm90_dispatch.json")}
 
 
 def dispatch_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str,
@@ -721,8 +699,6 @@ def dispatch_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout
 def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal: bool = False,
                      dtype: str = "bf16"):
     """The compiled kernel (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata``) for sm_90a."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
     config = config or DEFAULT_CONFIGS[head_dim]
@@ -744,33 +720,15 @@ def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal:
     constants = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
                      STAGES=config.stages, IS_CAUSAL=causal,
                      PRODUCER_REGS=config.producer_regs, **meta)
-    signature.update({name: "constexpr" for name in constants})
-    # What a launch on contiguous tensors specialises on: 16-byte aligned outputs and
-    # strides divisible by 16 (without it the O stores compile to 2-byte ones).
-    names = list(signature)
     aligned = ("O", "LSE", "stride_ob", "stride_oh", "stride_om")
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    source = GluonASTSource(kernel, signature, constants, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": meta["num_warps"], "maxnreg": maxnreg(config)})
+    return compile_sm90(kernel, signature, constants, aligned, MAXNREG)
 
 
 def overlap_evidence(asm: dict) -> dict:
-    """What the compiled code shows: setmaxnreg per role, wait_group 1 count, the
-    partition barriers' widths, and per steady loop the number of MUFU.EX2 that ptxas
+    """``_sm90.code_evidence`` plus, per steady loop, the number of MUFU.EX2 that ptxas
     left between WARPGROUP.DEPBAR.LE 1 (S_j ready) and WARPGROUP.DEPBAR.LE 0
     (P_{j-1} V_{j-1} done): > 0 means overlap."""
-    ptx = asm["ptx"]
-    evidence = {
-        "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)",
-                                            ptx))),
-        "wait_group_1": ptx.count("wgmma.wait_group.sync.aligned 1"),
-        # Thread counts of the partition barriers Triton emits: 128 = one warpgroup (the
-        # consumers are independent); 256 would tie the two consumer warpgroups together.
-        "barrier_threads": sorted({int(n) for n in re.findall(r"bar\.sync\s+\d+,\s*(\d+)", ptx)}),
-        "maxnreg": int(m.group(1)) if (m := re.search(r"\.maxnreg (\d+)", ptx)) else None,
-    }
-    sass = disassemble(asm["cubin"])
+    evidence, sass = code_evidence(asm)
     if sass is None:
         return evidence
     between, inside, count = [], False, 0
@@ -782,10 +740,5 @@ def overlap_evidence(asm: dict) -> dict:
             inside = False
         elif ex2 and inside:
             count += 1
-    evidence.update(
-        ex2_between_waits=between,
-        hgmma=len(re.findall(r"\bHGMMA\.", sass)),
-        local_memory_ops=len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-        highest_register=max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=0),
-    )
+    evidence["ex2_between_waits"] = between
     return evidence
