@@ -404,7 +404,8 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
                       IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
                       CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
-    key = (config, causal, head_dim, q.dtype, q.device,
+    # dK, dV and D are fresh allocations (16-byte aligned); LSE is the caller's.
+    key = (config, causal, head_dim, q.dtype, q.device, lse.data_ptr() % 16 == 0,
            tuple(int_class(s) for s in (lse.stride(0), lse.stride(1), *out_strides)),
            max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
     launch_cached(_COMPILED, key, _attn_bwd_dkdv_sm90, grid, args, constexprs, MAXNREG)
