@@ -171,3 +171,18 @@ def test_gpu_bit_identical_and_expanded_dout():
     checks = check_gradients(first, q, k, v, dout, layout="bshd", scale=128 ** -0.5,
                              causal=True)
     assert all(c.passed for c in checks), checks
+
+
+def test_dispatch_looks_up_the_bucket_of_the_longer_sequence():
+    from attnlab.kernels import backward_sm90
+
+    table = backward_sm90._dispatch_table()
+    q = torch.empty(1, 1000, 4, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, 3000, 4, 128, dtype=torch.bfloat16, device="meta")
+    assert backward_sm90.dispatch_config(q, k, layout="bshd", causal=True) \
+        == table.get((128, True, 4096))
+    bhsd = q.transpose(1, 2), k.transpose(1, 2)
+    assert backward_sm90.dispatch_config(*bhsd, layout="bhsd", causal=False) \
+        == table.get((128, False, 4096))
+    assert backward_sm90.dispatch_config(q[..., :96], k[..., :96], layout="bshd",
+                                         causal=True) is None  # no d = 96 bucket
