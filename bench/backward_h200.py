@@ -281,7 +281,7 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
     from attnlab.kernels import backward_sm90 as sm90
 
     path = os.path.join(out_dir, "sm90_backward_sweep.jsonl")
-    started, failures, count = time.time(), 0, 0
+    started, failures, count, inaccurate = time.time(), 0, 0, set()
     heads = [(4, 4), (6, 2), (4, 1)]
     for head_dim in head_dims if accuracy else ():
         for block_m, stages in SM90_CANDIDATES[head_dim]:
@@ -302,6 +302,7 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
                 failures += not passed
                 log_line(path, row)
                 if not passed:
+                    inaccurate.add(config.name())
                     print(f"FAIL sm90 {config.name()} d={head_dim} {seqlen_q}x{seqlen_k} "
                           f"h={hq}/{hk} causal={causal} {dtype}: "
                           f"{row.get('errors', row.get('error'))}", flush=True)
@@ -350,11 +351,8 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
                             "sm90_vs_triton": round(gain, 4),
                             "measured": {"git_commit": env.get("git_commit"),
                                          "timestamp": env.get("timestamp")}})
-    with open(path, encoding="utf-8") as handle:
-        rows = [json.loads(line) for line in handle]
-    bad = {r["config"] for r in rows if r.get("what") == "sm90_backward_accuracy"
-           and not r.get("passed")}
-    entries = [e for e in entries if sm90.Sm90BackwardConfig(**e["config"]).name() not in bad]
+    entries = [e for e in entries
+               if sm90.Sm90BackwardConfig(**e["config"]).name() not in inaccurate]
     # Buckets this run did not time keep the committed table's entries (each entry says
     # which run measured it), so a run over a few lengths extends the table.
     committed = json.loads(importlib.resources.files("attnlab.kernels")

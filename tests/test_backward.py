@@ -574,6 +574,19 @@ def test_gpu_compile_with_dynamic_shapes_keeps_the_ops_opaque():
     assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads, strict=True))
 
 
+def test_the_launchers_name_their_triton_kernels(json_from_fresh_python):
+    # torch finds a triton_op's kernels by reading its launchers' source for
+    # wrap_triton(<kernel>) (AOTAutograd's cache key hashes them); under the interpreter
+    # the kernels are no JITFunctions, so this reads them in a fresh Python without it.
+    found = json_from_fresh_python(
+        "import json; from torch._library.triton import get_inner_triton_kernels\n"
+        "from attnlab.kernels.backward import flash_backward\n"
+        "from attnlab.kernels.forward import flash_forward\n"
+        "print(json.dumps([sorted(k.fn.__name__ for k in get_inner_triton_kernels(f))\n"
+        "                  for f in (flash_forward, flash_backward)]))")
+    assert found == [["_attn_fwd"], sorted(KERNEL_NAMES[1:])]
+
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_ops_name_their_triton_kernels():

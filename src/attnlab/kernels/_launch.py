@@ -52,11 +52,40 @@ def _arg_class(value) -> object:
     raise TypeError(f"no launch class for a {type(value).__name__} argument")
 
 
+def launch_cached(cache: dict, key: tuple, kernel, grid: tuple[int, ...], args: tuple,
+                  meta: dict, **options) -> None:
+    """``kernel[grid](*args, **meta, **options)`` the first time per ``key`` (what Triton
+    specialises on), the compiled kernel's own launcher after that.  ``args`` are the
+    runtime parameters in signature order; ``meta`` names every constexpr parameter
+    (plus launch options such as a Triton kernel's num_warps); ``options`` go to the
+    first launch only (a Gluon kernel's maxnreg)."""
+    constexprs = kernel.arg_names[len(args):]
+    compiled = cache.get(key)
+    if compiled is None:
+        if not set(constexprs) <= meta.keys() or set(kernel.arg_names[:len(args)]) & meta.keys():
+            raise RuntimeError("attnlab bug: a launch must pass the runtime parameters of "
+                               f"{kernel.fn.__name__} by position and every constexpr one "
+                               "by name")
+        cache[key] = kernel[grid](*args, **meta, **options)
+        return
+    launch_compiled(compiled, grid, (*args, *(meta[name] for name in constexprs)))
+
+
+def as_launcher(wrapped):
+    """A ``wrap_triton(kernel)`` with DirectLauncher's call signature, for traced calls.
+
+    The launchers name each kernel in ``wrap_triton(<kernel>)`` themselves: torch finds a
+    triton_op's kernels by reading its source for exactly that call (AOTAutograd's cache
+    key hashes their sources), so the wrapping cannot move into a helper."""
+    return lambda grid, args, meta: wrapped[grid](*args, **meta)
+
+
 class DirectLauncher:
     """``launcher(grid, args, meta)`` runs ``kernel[grid](*args, **meta)``; from the
-    second call with the same specialisation on it goes straight to the compiled
-    kernel.  ``args`` are the runtime parameters in signature order, ``meta`` every
-    constexpr parameter plus launch options (num_warps, num_stages, ...)."""
+    second call with the same specialisation on it goes straight to the compiled kernel
+    (``launch_cached``).  ``args`` are the runtime parameters in signature order,
+    ``meta`` every constexpr parameter plus launch options (num_warps, num_stages, ...).
+    For real calls only: a traced one launches through ``wrap_triton`` (``as_launcher``)."""
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
@@ -69,13 +98,4 @@ class DirectLauncher:
             return
         key = (tuple(_arg_class(a) for a in args), tuple(meta.items()),
                args[0].device if isinstance(args[0], torch.Tensor) else None)
-        compiled = self.compiled.get(key)
-        if compiled is None:
-            constexprs = self.kernel.arg_names[len(args):]
-            if not set(constexprs) <= meta.keys():
-                raise RuntimeError("attnlab bug: a launch must pass every constexpr "
-                                   f"parameter of {self.kernel.fn.__name__} by name")
-            self.compiled[key] = self.kernel[grid](*args, **meta)
-            return
-        constexprs = self.kernel.arg_names[len(args):]
-        launch_compiled(compiled, grid, (*args, *(meta[name] for name in constexprs)))
+        launch_cached(self.compiled, key, self.kernel, grid, args, meta)

@@ -18,7 +18,6 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from attnlab.kernels._launch import launch_compiled
 from attnlab.kernels._primitives import bhs_strides
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -130,21 +129,6 @@ def launch_maxnreg(consumer_warps: int) -> int:
     warpgroup (warps are allocated by fours) share the register file at one CTA per SM;
     setmaxnreg then moves registers from the producer to the consumers (240 at 24)."""
     return REGISTER_FILE // ((consumer_warps + 4) * 32) // 8 * 8
-
-
-def launch_cached(cache: dict, key: tuple, kernel, grid: tuple[int], args: tuple,
-                  constexprs: dict, maxnreg: int) -> None:
-    """``kernel[grid](*args, **constexprs)`` the first time per ``key`` (what Triton
-    specialises on), the compiled kernel's own launcher after that (``launch_compiled``).
-    ``constexprs`` must follow the runtime arguments in the kernel's parameter order."""
-    compiled = cache.get(key)
-    if compiled is None:
-        if kernel.arg_names != [*kernel.arg_names[:len(args)], *constexprs]:
-            raise RuntimeError("attnlab bug: the launch arguments are out of the kernel's "
-                               "parameter order")
-        cache[key] = kernel[grid](*args, **constexprs, maxnreg=maxnreg)
-    else:
-        launch_compiled(compiled, grid, (*args, *constexprs.values()))
 
 
 def compile_sm90(kernel, signature: dict, constants: dict, aligned: tuple[str, ...],

@@ -38,7 +38,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlab.checks import check_instance
-from attnlab.kernels._launch import DirectLauncher
+from attnlab.kernels._launch import DirectLauncher, as_launcher
 from attnlab.kernels._primitives import (
     LOG2E,
     _band_visible,
@@ -462,16 +462,8 @@ def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 
 
 # One direct launcher per kernel: the compiled kernels it keeps outlive the calls.
-_DIRECT = {kernel: DirectLauncher(kernel)
-           for kernel in (_attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq)}
-
-
-def _launcher(kernel, traced: bool):
-    """``launch(grid, args, meta)`` for a kernel: through ``wrap_triton`` when traced."""
-    if traced:
-        wrapped = wrap_triton(kernel)
-        return lambda grid, args, meta: wrapped[grid](*args, **meta)
-    return _DIRECT[kernel]
+_PREPROCESS, _DKDV, _DQ = (DirectLauncher(kernel) for kernel in (
+    _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq))
 
 
 def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use_table):
@@ -493,7 +485,8 @@ def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use
                              f"layout 'bshd' or 'bhsd' and Triton "
                              f"{', '.join(GLUON_SM90_TRITON_VERSIONS)}")
         return None
-    from attnlab.kernels.backward_sm90 import dispatch_config, launch, supports, tma_aligned
+    from attnlab.kernels._sm90 import tma_aligned
+    from attnlab.kernels.backward_sm90 import dispatch_config, launch, supports
 
     config = requested or dispatch_config(q, k, layout=layout, causal=causal)
     if config is None:
@@ -599,9 +592,12 @@ def flash_backward(
 
     # Through wrap_triton only when traced, as in attnlab.kernels.forward.flash_forward;
     # a real call goes straight to the compiled kernels after the first (kernels/_launch).
-    traced = launch_is_traced(q)
-    preprocess, dkdv_kernel, dq_kernel = (_launcher(kernel, traced) for kernel in (
-        _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq))
+    if launch_is_traced(q):
+        preprocess, dkdv_kernel, dq_kernel = (as_launcher(wrap_triton(_attn_bwd_preprocess)),
+                                              as_launcher(wrap_triton(_attn_bwd_dkdv)),
+                                              as_launcher(wrap_triton(_attn_bwd_dq)))
+    else:
+        preprocess, dkdv_kernel, dq_kernel = _PREPROCESS, _DKDV, _DQ
     q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
     preprocess((q_blocks * batch * num_heads,), (
         out, dout, dlse if dlse is not None else lse, delta, cu_q,

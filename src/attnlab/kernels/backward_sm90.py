@@ -48,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from attnlab.kernels._launch import int_class
+from attnlab.kernels._launch import int_class, launch_cached
 from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
 from attnlab.kernels._sm90 import (
     check_producer_regs,
@@ -57,7 +57,6 @@ from attnlab.kernels._sm90 import (
     descriptor,
     dispatch_entries,
     hardware_refusal,
-    launch_cached,
     launch_maxnreg,
     on_sm90_capability,
     shared_memory_refusal,
@@ -408,7 +407,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
     key = (config, causal, head_dim, q.dtype, q.device, lse.data_ptr() % 16 == 0,
            tuple(int_class(s) for s in (lse.stride(0), lse.stride(1), *out_strides)),
            max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
-    launch_cached(_COMPILED, key, _attn_bwd_dkdv_sm90, grid, args, constexprs, MAXNREG)
+    launch_cached(_COMPILED, key, _attn_bwd_dkdv_sm90, grid, args, constexprs, maxnreg=MAXNREG)
 
 
 # Launched kernels by what Triton specialises them on (config, mask, head dim, dtype,

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from attnlab.kernels._launch import DirectLauncher
+from attnlab.kernels._launch import DirectLauncher, as_launcher
 from attnlab.kernels._primitives import (
     LOG2E,
     _kv_band_bounds,
@@ -343,9 +343,7 @@ def flash_forward(
                 num_warps=config.num_warps, num_stages=config.num_stages)
     # Traced, the launch must be a graph node (wrap_triton's HOP) for Inductor to compile;
     # a real call skips that HOP's dispatch and, after the first, JITFunction.run's
-    # argument binding (kernels/_launch).
-    if launch_is_traced(q):
-        wrap_triton(_attn_fwd)[grid](*args, **meta)
-    else:
-        _DIRECT_FORWARD(grid, args, meta)
+    # argument binding (kernels/_launch.DirectLauncher).
+    launch = as_launcher(wrap_triton(_attn_fwd)) if launch_is_traced(q) else _DIRECT_FORWARD
+    launch(grid, args, meta)
     return out, lse

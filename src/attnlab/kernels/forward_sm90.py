@@ -59,7 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from attnlab.kernels._launch import int_class
+from attnlab.kernels._launch import int_class, launch_cached
 from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
 from attnlab.kernels._sm90 import (
     check_producer_regs,
@@ -68,7 +68,6 @@ from attnlab.kernels._sm90 import (
     descriptor,
     dispatch_entries,
     hardware_refusal,
-    launch_cached,
     launch_maxnreg,
     on_sm90_capability,
     shared_memory_refusal,
@@ -632,12 +631,12 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, sc
                       STAGES=config.stages, IS_CAUSAL=causal,
                       PRODUCER_REGS=config.producer_regs, **meta)
     key = launch_key(config, causal, q, strides, max(seqlen_q, seqlen_k, num_work))
-    launch_cached(_COMPILED, key, kernel, grid, args, constexprs, MAXNREG)
+    launch_cached(_COMPILED, key, kernel, grid, args, constexprs, maxnreg=MAXNREG)
     return out, lse
 
 
 # Launched kernels by launch_key: the call after the first goes straight to the
-# compiled kernel's launcher (_sm90.launch_cached).
+# compiled kernel's launcher (_launch.launch_cached).
 _COMPILED: dict[tuple, object] = {}
 
 
@@ -659,7 +658,6 @@ def kernel_name(config: Sm90Config) -> str:
 def _kernel_and_meta(config: Sm90Config):
     """The kernel and its schedule-dependent meta-parameters (num_warps = the default
     partition's warps, i.e. consumer warpgroup 0)."""
-    # In the kernel's parameter order: launch_cached passes them by position.
     return _attn_fwd_sm90, {"CONSUMER_REGS": CONSUMER_REGS,
                             "PINGPONG": config.schedule == "pingpong",
                             "EARLY_RESCALE": config.rescale == "early",
