@@ -1,7 +1,7 @@
 """Host time of one forward call, layer by layer, on a GPU: where the public path's
 microseconds go before the kernel runs.
 
-    PYTHONPATH=src python3 bench/host_cost_h200.py --out OUT
+    PYTHONPATH=src python3 bench/host_cost_h200.py --out OUT [--fwdbwd]
 
 A tiny shape (1 x 128 tokens, one head, d = 128) keeps the GPU's work at a few
 microseconds, so each layer's time per call is host time.  Layers, outermost first:
@@ -11,6 +11,11 @@ microseconds, so each layer's time per call is host time.  Layers, outermost fir
 prebuilt descriptors, and Triton's compiled-kernel launcher called directly (what a
 launch costs without the JIT's argument binding); the Triton kernel's
 ``flash_forward`` and SDPA (cuDNN) for scale.  Writes host_cost.jsonl and prints a table.
+
+``--fwdbwd`` instead times one training step's layers at the benchmark's N = 1k shapes
+(B = 16, 16 heads, bf16, d = 64 and 128, causal): each call starts on an idle GPU
+(synchronised before, not after), so its wall time is the host's alone even where the
+GPU's work is longer.  Writes host_cost_fwdbwd.jsonl.
 """
 
 from __future__ import annotations
@@ -42,13 +47,95 @@ def per_call_us(fn, calls: int = 300, rounds: int = 7) -> tuple[float, float]:
     return statistics.median(means), min(means)
 
 
+def host_latency_us(fn, calls: int = 40) -> tuple[float, float]:
+    """(median, min) host time of one call issued to an idle GPU."""
+    for _ in range(5):
+        fn()
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples), min(samples)
+
+
+def fwdbwd_layers(head_dim: int) -> dict:
+    """The layers of one attnlab forward+backward at B = 16, 16 heads, N = 1k, causal."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import attnlab
+    from attnlab.kernels.backward import flash_backward
+    from attnlab.kernels.forward import flash_forward
+
+    q, k, v = (torch.randn(16, 16, 1024, head_dim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    grad = torch.randn_like(q)
+    scale = head_dim ** -0.5
+    with torch.no_grad():
+        out, lse = flash_forward(q, k, v, layout="bhsd", scale=scale, causal=True)
+    kept = attnlab.attention(q, k, v, causal=True)
+    x = torch.randn(16, device="cuda", requires_grad=True)
+
+    def cudnn_step():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(o, (q, k, v), grad)
+
+    return {
+        "fwd+bwd: autograd.grad(attention)": lambda: torch.autograd.grad(
+            attnlab.attention(q, k, v, causal=True), (q, k, v), grad),
+        "forward, grad enabled (autograd.Function)": lambda: attnlab.attention(
+            q, k, v, causal=True),
+        "forward, no grad": lambda: attnlab.attention(q.detach(), k.detach(), v.detach(),
+                                                      causal=True),
+        "backward: autograd.grad of a kept graph": lambda: torch.autograd.grad(
+            kept, (q, k, v), grad, retain_graph=True),
+        "flash_forward direct": lambda: flash_forward(q.detach(), k.detach(), v.detach(),
+                                                      layout="bhsd", scale=scale, causal=True),
+        "flash_backward direct": lambda: flash_backward(
+            grad, q.detach(), k.detach(), v.detach(), out, lse, layout="bhsd", scale=scale,
+            causal=True),
+        "autograd baseline: grad of x * 2": lambda: torch.autograd.grad(x * 2, x,
+                                                                        torch.ones_like(x)),
+        "SDPA cuDNN fwd+bwd (with its context manager)": cudnn_step,
+    }
+
+
+def main_fwdbwd(out_dir: str) -> int:
+    import triton
+
+    from attnlab.measure.records import environment
+
+    env = environment(COMMAND)
+    rows = []
+    for head_dim in (64, 128):
+        for name, fn in fwdbwd_layers(head_dim).items():
+            median, best = host_latency_us(fn)
+            rows.append({"what": "host_cost_fwdbwd", "layer": name, "head_dim": head_dim,
+                         "shape": "B=16 H=16 N=1024 bf16 causal bhsd",
+                         "median_us": round(median, 1), "min_us": round(best, 1),
+                         "triton": triton.__version__, **env})
+            print(f"  d={head_dim:3d} {name:48s} {median:7.1f} us (min {best:6.1f})", flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "host_cost_fwdbwd.jsonl"), "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".")
+    parser.add_argument("--fwdbwd", action="store_true",
+                        help="a training step's layers at N = 1k instead of the forward's")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
+    if args.fwdbwd:
+        return main_fwdbwd(args.out)
     import torch.nn.functional as F
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
