@@ -16,6 +16,7 @@ import torch
 
 from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.accuracy import check_accuracy
+from attnlab.kernels._launch import PlanCache
 from attnlab.kernels._primitives import launch_is_traced
 from attnlab.kernels.configs import ForwardConfig
 from attnlab.kernels.forward import flash_forward, kernel_is_interpreted
@@ -217,7 +218,10 @@ class _RecordingLaunch:
     def __init__(self):
         self.options = None
 
-    def __call__(self, grid, args, meta):
+    def key(self, args, meta):
+        return None
+
+    def launch(self, key, grid, args, meta):
         self.options = {"grid": grid, **meta}
 
 
@@ -233,6 +237,7 @@ def test_launcher_picks_64_bit_offsets_for_the_issue_sizes(monkeypatch, layout, 
 
     recorder = _RecordingLaunch()
     monkeypatch.setattr(forward_module, "_DIRECT_FORWARD", recorder)
+    monkeypatch.setattr(forward_module, "_PLANS", PlanCache())  # no plan from another test
 
     def meta(seqlen):  # full-size tensors that allocate nothing
         dims = (1, seqlen, 32, 128) if layout == "bshd" else (1, 32, seqlen, 128)
@@ -249,6 +254,7 @@ def test_forced_64_bit_offsets_give_the_same_bits(monkeypatch, layout):
     q, k, v = make_qkv(2, 4, 2, 97, 130, 64, torch.float16, layout=layout, seed=14)
     fast = flash_forward(q, k, v, layout=layout, scale=0.125, window=(40, 3))
     monkeypatch.setattr(forward_module, "offsets_need_int64", lambda *args: True)
+    monkeypatch.setattr(forward_module, "_PLANS", PlanCache())  # re-plan with the patch
     wide = flash_forward(q, k, v, layout=layout, scale=0.125, window=(40, 3))
     assert torch.equal(fast[0], wide[0]) and torch.equal(fast[1], wide[1])
 

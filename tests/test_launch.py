@@ -1,11 +1,22 @@
-"""The direct launch path (kernels/_launch.py): what its cache key separates."""
+"""The direct launch path (kernels/_launch.py): what its cache keys separate, and the
+launchers' plans per call signature."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attnlab.kernels._launch import DirectLauncher, _arg_class, int_class
+from attention_inputs import make_qkv
+from attnlab.kernels._launch import (
+    DirectLauncher,
+    PlanCache,
+    _arg_class,
+    alignment_key,
+    int_class,
+)
+from attnlab.kernels._primitives import kernel_is_interpreted
+from attnlab.kernels.backward import flash_backward
+from attnlab.kernels.forward import flash_forward
 
 
 def test_int_classes_follow_tritons_specialisation():
@@ -38,3 +49,58 @@ def test_a_launch_missing_a_constexpr_is_an_attnlab_bug(monkeypatch):
     monkeypatch.setattr("attnlab.kernels._launch.kernel_is_interpreted", lambda: False)
     with pytest.raises(RuntimeError, match="constexpr"):
         DirectLauncher(Kernel())((1,), (torch.zeros(1), 3), {"num_warps": 4})
+
+
+def test_a_plan_cache_builds_once_per_key_and_keeps_the_newest():
+    cache, built = PlanCache(size=2), []
+
+    def build(name):
+        return lambda: built.append(name) or name
+
+    assert cache.get(("a",), build("a")) == "a"
+    assert cache.get(("a",), build("again")) == "a"  # a hit: not rebuilt
+    cache.get(("b",), build("b"))
+    cache.get(("c",), build("c"))  # over size: the oldest ("a") goes
+    assert built == ["a", "b", "c"] and list(cache.plans) == [("b",), ("c",)]
+
+
+def test_the_plan_key_separates_strides_and_alignment():
+    base = torch.zeros(2, 8, 4, 16, dtype=torch.float16)
+    assert alignment_key(base) == alignment_key(torch.ones_like(base))
+    assert alignment_key(base) != alignment_key(base.transpose(1, 2))
+    unaligned = torch.zeros(base.numel() + 1, dtype=torch.float16)[1:].view(base.shape)
+    assert alignment_key(base) != alignment_key(unaligned)
+    assert alignment_key(None) == (None,)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() or kernel_is_interpreted()),
+                    reason="needs a CUDA GPU or TRITON_INTERPRET=1")
+def test_the_launchers_plan_once_per_signature_and_replan_for_a_new_one():
+    from attnlab.kernels import backward as backward_module
+    from attnlab.kernels import forward as forward_module
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = make_qkv(1, 2, 2, 24, 24, 32, torch.float16, layout="bhsd", seed=3,
+                       device=device)
+    dout = make_qkv(1, 2, 2, 24, 24, 32, torch.float16, layout="bhsd", seed=4,
+                    device=device)[0]
+    forward_plans, backward_plans = (module._PLANS.plans for module in
+                                     (forward_module, backward_module))
+
+    def step(*tensors):
+        out, lse = flash_forward(*tensors[:3], layout="bhsd", scale=0.2, causal=True)
+        return out, lse, flash_backward(tensors[3], *tensors[:3], out, lse, layout="bhsd",
+                                        scale=0.2, causal=True)
+
+    first = step(q, k, v, dout)
+    sizes = len(forward_plans), len(backward_plans)
+    again = step(*(t.clone() for t in (q, k, v, dout)))  # new tensors, same signature
+    assert (len(forward_plans), len(backward_plans)) == sizes
+    for a, b in zip((*first[:2], *first[2]), (*again[:2], *again[2]), strict=True):
+        assert torch.equal(a, b)
+    # A transposed dO (same values, other strides) is a new signature with the same result.
+    strided = dout.transpose(1, 2).contiguous().transpose(1, 2)
+    other = step(q, k, v, strided)
+    assert len(backward_plans) == sizes[1] + 1
+    for a, b in zip(first[2], other[2], strict=True):
+        assert torch.equal(a, b)

@@ -25,6 +25,7 @@ from attnlab import (
 )
 from attnlab.accuracy import check_accuracy, check_gradients
 from attnlab.kernels import forward as forward_module
+from attnlab.kernels._launch import PlanCache
 from attnlab.kernels.configs import INTERPRETER_CONFIG, ForwardConfig
 from attnlab.kernels.forward import flash_forward, kernel_is_interpreted
 
@@ -299,6 +300,7 @@ def test_forced_64_bit_offsets_give_the_same_bits(monkeypatch):
     q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, seed=10)
     fast = run_varlen(q, k, v, cu_q, cu_k, lengths_q, lengths_k, causal=True)
     monkeypatch.setattr(forward_module, "offsets_need_int64", lambda *args: True)
+    monkeypatch.setattr(forward_module, "_PLANS", PlanCache())  # re-plan with the patch
     wide = run_varlen(q, k, v, cu_q, cu_k, lengths_q, lengths_k, causal=True)
     assert torch.equal(fast[0], wide[0]) and torch.equal(fast[1], wide[1])
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 import triton
+from triton import knobs
+from triton.runtime import driver
 
 from attnlab.kernels._primitives import kernel_is_interpreted
 
@@ -29,9 +31,10 @@ def launch_compiled(compiled, grid: tuple[int, ...], bound_args: tuple) -> None:
     """Triton 3.6's JITFunction.run after its cache lookup: the compiled kernel's
     launcher with every parameter in signature order (the constexprs ride along; the
     launcher skips them), the launch hooks honoured."""
-    from triton import knobs
-
-    stream = torch.cuda.current_stream().cuda_stream
+    # Triton's own choice: the current device's current stream (torch.cuda.current_stream()
+    # builds a Stream object, several microseconds per launch on the H200's host).
+    active = driver.active
+    stream = active.get_current_stream(active.get_current_device())
     enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     metadata = compiled.launch_metadata(grid, stream, *bound_args) if enter else None
     grid = (*grid, 1, 1)
@@ -71,13 +74,24 @@ def launch_cached(cache: dict, key: tuple, kernel, grid: tuple[int, ...], args: 
     launch_compiled(compiled, grid, (*args, *(meta[name] for name in constexprs)))
 
 
-def as_launcher(wrapped):
-    """A ``wrap_triton(kernel)`` with DirectLauncher's call signature, for traced calls.
+class TracedLauncher:
+    """A ``wrap_triton(kernel)`` behind DirectLauncher's interface, for traced calls.
 
     The launchers name each kernel in ``wrap_triton(<kernel>)`` themselves: torch finds a
     triton_op's kernels by reading its source for exactly that call (AOTAutograd's cache
     key hashes their sources), so the wrapping cannot move into a helper."""
-    return lambda grid, args, meta: wrapped[grid](*args, **meta)
+
+    def __init__(self, wrapped) -> None:
+        self.wrapped = wrapped
+
+    def key(self, args: tuple, meta: dict) -> None:
+        return None
+
+    def launch(self, key, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
+        self.wrapped[grid](*args, **meta)
+
+    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
+        self.wrapped[grid](*args, **meta)
 
 
 class DirectLauncher:
@@ -85,17 +99,71 @@ class DirectLauncher:
     second call with the same specialisation on it goes straight to the compiled kernel
     (``launch_cached``).  ``args`` are the runtime parameters in signature order,
     ``meta`` every constexpr parameter plus launch options (num_warps, num_stages, ...).
-    For real calls only: a traced one launches through ``wrap_triton`` (``as_launcher``)."""
+    For real calls only: a traced one launches through ``wrap_triton`` (TracedLauncher)."""
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
         self.compiled: dict[tuple, object] = {}
 
-    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
-        # Triton's CPU interpreter has no compiled kernel to keep.
+    def key(self, args: tuple, meta: dict) -> tuple | None:
+        """What Triton specialises this launch on, or None where every launch goes
+        through ``kernel[grid]`` (Triton's CPU interpreter has no compiled kernel to keep)."""
         if triton.__version__ not in DIRECT_LAUNCH_TRITON or kernel_is_interpreted():
+            return None
+        return (tuple(_arg_class(a) for a in args), tuple(meta.items()),
+                args[0].device if isinstance(args[0], torch.Tensor) else None)
+
+    def launch(self, key: tuple | None, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
+        """The launch with ``key`` (``self.key`` of arguments of the same classes)."""
+        if key is None:
             self.kernel[grid](*args, **meta)
-            return
-        key = (tuple(_arg_class(a) for a in args), tuple(meta.items()),
-               args[0].device if isinstance(args[0], torch.Tensor) else None)
-        launch_cached(self.compiled, key, self.kernel, grid, args, meta)
+        else:
+            launch_cached(self.compiled, key, self.kernel, grid, args, meta)
+
+    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
+        self.launch(self.key(args, meta), grid, args, meta)
+
+
+class PlannedLaunch:
+    """One launch of a cached plan (``PlanCache``): the grid, the arguments after the
+    leading tensors and the constexprs are fixed by the call's signature, so each call
+    passes only its tensors, and the specialisation key is computed once."""
+
+    __slots__ = ("launcher", "grid", "static", "meta", "key", "keyed")
+
+    def __init__(self, launcher, grid: tuple[int, ...], static: tuple, meta: dict) -> None:
+        self.launcher, self.grid, self.static, self.meta = launcher, grid, static, meta
+        self.key, self.keyed = None, False
+
+    def __call__(self, *tensors) -> None:
+        args = (*tensors, *self.static)
+        if not self.keyed:
+            self.key, self.keyed = self.launcher.key(args, self.meta), True
+        self.launcher.launch(self.key, self.grid, args, self.meta)
+
+
+class PlanCache:
+    """A launcher's plans by call signature: what the tensors' sizes, strides, dtypes and
+    alignment plus the call's options decide (tiles, kernel choice, grids, arguments),
+    worked out once per signature rather than on every call.  Keeps the ``size`` most
+    recently added (a run over many shapes does not grow it without bound)."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self.plans: dict[tuple, object] = {}
+
+    def get(self, key: tuple, build):
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = build()
+            if len(self.plans) >= self.size:
+                del self.plans[next(iter(self.plans))]
+            self.plans[key] = plan
+        return plan
+
+
+def alignment_key(*tensors) -> tuple:
+    """Per tensor: shape, strides and whether its data is 16-byte aligned (None for an
+    absent one) — with the dtype and options, what a plan depends on."""
+    return tuple(None if t is None else (t.shape, t.stride(), t.data_ptr() % 16 == 0)
+                 for t in tensors)

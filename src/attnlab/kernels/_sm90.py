@@ -87,13 +87,19 @@ def descriptor(t: torch.Tensor, layout: str, rows: int) -> TensorDescriptor:
     """A host TMA descriptor over t as (batch, head, sequence, head dim), whatever its
     memory layout, with a box of ``rows`` rows of one (batch, head): TMA zero-fills rows
     past the sequence's end and never reads the next one."""
+    return TensorDescriptor(t, *descriptor_parts(t, layout, rows))
+
+
+def descriptor_parts(t: torch.Tensor, layout: str, rows: int) -> tuple:
+    """``descriptor``'s arguments after the tensor: what a planned launch keeps, building
+    only the descriptor itself per call (its base is the call's tensor)."""
     sb, sh, ss = bhs_strides(t, layout)
     if layout == "bshd":
         batch, seqlen, heads, head_dim = t.shape
     else:
         batch, heads, seqlen, head_dim = t.shape
-    return TensorDescriptor(t, [batch, heads, seqlen, head_dim], [sb, sh, ss, 1],
-                            [1, 1, rows, head_dim], box_layout(rows, head_dim, t.dtype))
+    return ([batch, heads, seqlen, head_dim], [sb, sh, ss, 1], [1, 1, rows, head_dim],
+            box_layout(rows, head_dim, t.dtype))
 
 
 @functools.cache

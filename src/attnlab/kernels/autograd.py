@@ -181,12 +181,16 @@ class _EagerFlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        return _gradients(ctx, grad_out, grad_lse, _EagerFlashBackward.apply)
+        # Grad mode is on here only under create_graph=True: then the backward becomes a
+        # node of its own, so that a double backward raises the ops' clear error instead
+        # of silently returning nothing.  Otherwise that node would be host time for
+        # nothing (an autograd.Function call on the H200's host, per step).
+        backward = _EagerFlashBackward.apply if torch.is_grad_enabled() else _flash_bwd
+        return _gradients(ctx, grad_out, grad_lse, backward)
 
 
 class _EagerFlashBackward(torch.autograd.Function):
-    """The backward kernels as a node of their own, so a double backward raises the
-    ops' clear error instead of silently returning nothing."""
+    """The backward kernels as a node of their own (under create_graph=True)."""
 
     @staticmethod
     def forward(ctx, *inputs):

@@ -38,7 +38,13 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlab.checks import check_instance
-from attnlab.kernels._launch import DirectLauncher, as_launcher
+from attnlab.kernels._launch import (
+    DirectLauncher,
+    PlanCache,
+    PlannedLaunch,
+    TracedLauncher,
+    alignment_key,
+)
 from attnlab.kernels._primitives import (
     LOG2E,
     _band_visible,
@@ -464,11 +470,13 @@ def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 # One direct launcher per kernel: the compiled kernels it keeps outlive the calls.
 _PREPROCESS, _DKDV, _DQ = (DirectLauncher(kernel) for kernel in (
     _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq))
+# Backward plans by call signature (kernels/_launch.PlanCache).
+_PLANS = PlanCache()
 
 
 def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use_table):
-    """(the Gluon kernel's launcher, its config, dO as it reads it) when the sm_90 dK/dV kernel
-    computes this call, else None: the Triton dK/dV kernel does.
+    """(the Gluon kernel's config, whether dO must be copied for it) when the sm_90 dK/dV
+    kernel computes this call, else None: the Triton dK/dV kernel does.
 
     ``requested`` (an ``Sm90BackwardConfig``) forces it, and a call it cannot compute is
     then a ValueError; otherwise (``use_table``) the committed dispatch table decides.
@@ -486,21 +494,20 @@ def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use
                              f"{', '.join(GLUON_SM90_TRITON_VERSIONS)}")
         return None
     from attnlab.kernels._sm90 import tma_aligned
-    from attnlab.kernels.backward_sm90 import dispatch_config, launch, supports
+    from attnlab.kernels.backward_sm90 import dispatch_config, supports
 
     config = requested or dispatch_config(q, k, layout=layout, causal=causal)
     if config is None:
         return None
     # An expanded dO (out.sum().backward() gives stride 0) is no TMA operand: one copy.
-    if not tma_aligned(dout):
-        dout = dout.contiguous()
-    ok, reason = supports(q, k, v, dout, layout=layout, window=window, softcap=softcap,
-                          config=config)
+    copy_dout = not tma_aligned(dout)
+    ok, reason = supports(q, k, v, dout.contiguous() if copy_dout else dout, layout=layout,
+                          window=window, softcap=softcap, config=config)
     if not ok:
         if requested is not None:
             raise ValueError(f"dkdv_sm90={config.name()} cannot compute this call: {reason}")
         return None
-    return launch, config, dout
+    return config, copy_dout
 
 
 def flash_backward(
@@ -542,7 +549,58 @@ def flash_backward(
         if dlse.shape != lse.shape:
             raise ValueError(f"dlse must have LSE's shape {tuple(lse.shape)}, got {tuple(dlse.shape)}")
         dlse = dlse.to(torch.float32).contiguous()
+    options = dict(layout=layout, scale=scale, causal=causal, window=tuple(window),
+                   softcap=softcap, batch_varlen=batch_varlen, max_seqlen_q=max_seqlen_q,
+                   max_seqlen_k=max_seqlen_k, config=config, dkdv_sm90=dkdv_sm90,
+                   has_dlse=dlse is not None)
+    tensors = (q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k)
+    if launch_is_traced(q):
+        # Traced, each launch must be a graph node (wrap_triton's HOP) for Inductor, as in
+        # attnlab.kernels.forward.flash_forward.
+        launchers = (TracedLauncher(wrap_triton(_attn_bwd_preprocess)),
+                     TracedLauncher(wrap_triton(_attn_bwd_dkdv)),
+                     TracedLauncher(wrap_triton(_attn_bwd_dq)))
+        plan = _plan_backward(*tensors, launchers=launchers, **options)
+    else:
+        # A real call goes straight to the compiled kernels after the first call with this
+        # signature (kernels/_launch), skipping the choices below.
+        key = (*options.values(), q.dtype, q.device, alignment_key(*tensors))
+        plan = _PLANS.get(key, lambda: _plan_backward(
+            *tensors, launchers=(_PREPROCESS, _DKDV, _DQ), **options))
+    return plan(*tensors)
 
+
+class _BackwardPlan:
+    """The three launches for one call signature: D, then dK/dV (the Triton kernel's
+    ``PlannedLaunch`` or the Gluon one's), then dQ.  A call allocates dQ, dK, dV and D,
+    copies an expanded dO where the Gluon kernel reads it through TMA, and launches."""
+
+    def __init__(self, preprocess, dkdv, sm90_dkdv, dq, copy_dout: bool) -> None:
+        self.preprocess, self.dkdv, self.sm90_dkdv, self.dq = preprocess, dkdv, sm90_dkdv, dq
+        self.copy_dout = copy_dout
+
+    def __call__(self, q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k):
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        delta = torch.empty_like(lse)
+        # Unused pointer arguments still need a tensor; the constexpr switch keeps them unread.
+        cu_q = lse if cu_seqlens_q is None else cu_seqlens_q
+        cu_k = lse if cu_seqlens_k is None else cu_seqlens_k
+        self.preprocess(out, dout, lse if dlse is None else dlse, delta, cu_q)
+        if self.sm90_dkdv is not None:
+            self.sm90_dkdv(q, k, v, dout.contiguous() if self.copy_dout else dout, lse, delta,
+                           dk, dv)
+        else:
+            self.dkdv(q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k)
+        self.dq(q, k, v, dout, lse, delta, dq, cu_q, cu_k)
+        return dq, dk, dv
+
+
+def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *, layout,
+                   scale, causal, window, softcap, batch_varlen, max_seqlen_q, max_seqlen_k,
+                   config, dkdv_sm90, has_dlse, launchers) -> _BackwardPlan:
+    """What ``flash_backward`` launches for tensors of these sizes, strides and alignment."""
     if layout != "thd":
         batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
     else:
@@ -577,56 +635,44 @@ def flash_backward(
     # Decided before any launch: a forced sm_90 kernel that cannot run is refused first.
     sm90 = _sm90_dkdv(q, k, v, dout, layout=layout, causal=causal, window=window,
                       softcap=softcap, requested=dkdv_sm90, use_table=explicit_config is None)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    delta = torch.empty_like(lse)
     is_varlen = layout == "thd"
-    # Unused pointer arguments still need a tensor; the constexpr switch keeps them unread.
-    cu_q = cu_seqlens_q if is_varlen else lse
-    cu_k = cu_seqlens_k if is_varlen else lse
     masks = dict(HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
                  IS_VARLEN=is_varlen, UPCAST_DOT=interpreted and q.dtype == torch.bfloat16)
     scalars = (max(window_left, 0), max(window_right, 0),
                scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0, scale)
-
-    # Through wrap_triton only when traced, as in attnlab.kernels.forward.flash_forward;
-    # a real call goes straight to the compiled kernels after the first (kernels/_launch).
-    if launch_is_traced(q):
-        preprocess, dkdv_kernel, dq_kernel = (as_launcher(wrap_triton(_attn_bwd_preprocess)),
-                                              as_launcher(wrap_triton(_attn_bwd_dkdv)),
-                                              as_launcher(wrap_triton(_attn_bwd_dq)))
-    else:
-        preprocess, dkdv_kernel, dq_kernel = _PREPROCESS, _DKDV, _DQ
+    # dQ, dK, dV are allocated contiguous in the layout of q, k, v.
+    dq_strides, dk_strides = (bhs_strides(torch.empty(t.shape, device="meta"), layout)
+                              for t in (q, k))
+    preprocess_launcher, dkdv_launcher, dq_launcher = launchers
     q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
-    preprocess((q_blocks * batch * num_heads,), (
-        out, dout, dlse if dlse is not None else lse, delta, cu_q,
+    preprocess = PlannedLaunch(preprocess_launcher, (q_blocks * batch * num_heads,), (
         *bhs_strides(out, layout), *bhs_strides(dout, layout), *stat_strides,
         num_heads, seqlen_q, q_blocks,
     ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=config.dq_block_m,
-            HAS_DLSE=dlse is not None, IS_VARLEN=is_varlen))
+            HAS_DLSE=has_dlse, IS_VARLEN=is_varlen))
     group_size = num_heads // num_kv_heads
+    dkdv = sm90_dkdv = None
+    copy_dout = False
     if sm90 is not None:
-        sm90_launch, sm90_config, sm90_dout = sm90
-        sm90_launch(q, k, v, sm90_dout, lse, delta, dk, dv, layout=layout, scale=scale,
-                    causal=causal, config=sm90_config)
+        from attnlab.kernels.backward_sm90 import plan_launch
+
+        sm90_config, copy_dout = sm90
+        sm90_dkdv = plan_launch(q, k, v, dout.contiguous() if copy_dout else dout, lse,
+                                layout=layout, scale=scale, causal=causal, config=sm90_config)
     else:
         kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
-        dkdv_kernel((kv_blocks * batch * num_kv_heads,), (
-            q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
+        dkdv = PlannedLaunch(dkdv_launcher, (kv_blocks * batch * num_kv_heads,), (
             *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
-            *bhs_strides(dout, layout), *bhs_strides(dk, layout), *bhs_strides(dv, layout),
-            *stat_strides,
+            *bhs_strides(dout, layout), *dk_strides, *dk_strides, *stat_strides,
             num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
         ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
                 BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
                 num_warps=config.num_warps, num_stages=config.num_stages))
-    dq_kernel((q_blocks * batch * num_heads,), (
-        q, k, v, dout, lse, delta, dq, cu_q, cu_k,
+    dq = PlannedLaunch(dq_launcher, (q_blocks * batch * num_heads,), (
         *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
-        *bhs_strides(dout, layout), *bhs_strides(dq, layout), *stat_strides,
+        *bhs_strides(dout, layout), *dq_strides, *stat_strides,
         num_heads, group_size, seqlen_q, seqlen_k, q_blocks, *scalars,
     ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,
             num_warps=config.num_warps, num_stages=config.num_stages))
-    return dq, dk, dv
+    return _BackwardPlan(preprocess, dkdv, sm90_dkdv, dq, copy_dout)

@@ -47,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.kernels._launch import int_class, launch_cached
 from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
@@ -55,6 +56,7 @@ from attnlab.kernels._sm90 import (
     code_evidence,
     compile_sm90,
     descriptor,
+    descriptor_parts,
     dispatch_entries,
     hardware_refusal,
     launch_maxnreg,
@@ -391,15 +393,45 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
            layout: str, scale: float, causal: bool, config: Sm90BackwardConfig) -> None:
     """Write dK and dV of a call ``supports`` accepted: q, k, v, dout in ``layout``, LSE
     (natural log) and D = rowsum(dO ∘ O) as (batch, heads, seqlen_q) fp32."""
+    plan_launch(q, k, v, dout, lse, layout=layout, scale=scale, causal=causal,
+                config=config)(q, k, v, dout, lse, delta, dk, dv)
+
+
+class PlannedLaunch:
+    """This kernel's launch for one call signature: ``(q, k, v, dout, lse, delta, dk, dv)``
+    builds the four descriptors over the call's tensors and launches; everything else
+    (grid, strides, sizes, constexprs, the specialisation key) was fixed by
+    ``plan_launch``.  dK, dV and D must be fresh contiguous allocations."""
+
+    def __init__(self, grid, descriptors, static, constexprs, key) -> None:
+        self.grid, self.descriptors, self.static = grid, descriptors, static
+        self.constexprs, self.key = constexprs, key
+
+    def __call__(self, q, k, v, dout, lse, delta, dk, dv) -> None:
+        k_parts, v_parts, q_parts, do_parts = self.descriptors
+        args = (TensorDescriptor(k, *k_parts), TensorDescriptor(v, *v_parts),
+                TensorDescriptor(q, *q_parts), TensorDescriptor(dout, *do_parts),
+                lse, delta, dk, dv, *self.static)
+        launch_cached(_COMPILED, self.key, _attn_bwd_dkdv_sm90, self.grid, args,
+                      self.constexprs, maxnreg=MAXNREG)
+
+
+def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+                lse: torch.Tensor, *, layout: str, scale: float, causal: bool,
+                config: Sm90BackwardConfig) -> PlannedLaunch:
+    """The launch for tensors of these sizes, strides and alignment (see ``launch``)."""
     batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
     num_kv_blocks = triton.cdiv(seqlen_k, BLOCK_N)
     grid = (num_kv_blocks * batch * num_kv_heads,)
-    out_strides = (*bhs_strides(dk, layout), *bhs_strides(dv, layout))
-    args = (descriptor(k, layout, KEYS_PER_WARPGROUP), descriptor(v, layout, KEYS_PER_WARPGROUP),
-            descriptor(q, layout, config.block_m), descriptor(dout, layout, config.block_m),
-            lse, delta, dk, dv, lse.stride(0), lse.stride(1), *out_strides,
-            num_kv_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_kv_blocks,
-            scale * LOG2E, scale)
+    # dK and dV are allocated contiguous in the layout of k and v.
+    out_strides = 2 * bhs_strides(torch.empty(k.shape, device="meta"), layout)
+    descriptors = (descriptor_parts(k, layout, KEYS_PER_WARPGROUP),
+                   descriptor_parts(v, layout, KEYS_PER_WARPGROUP),
+                   descriptor_parts(q, layout, config.block_m),
+                   descriptor_parts(dout, layout, config.block_m))
+    static = (lse.stride(0), lse.stride(1), *out_strides,
+              num_kv_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_kv_blocks,
+              scale * LOG2E, scale)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
                       IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
                       CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
@@ -407,7 +439,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
     key = (config, causal, head_dim, q.dtype, q.device, lse.data_ptr() % 16 == 0,
            tuple(int_class(s) for s in (lse.stride(0), lse.stride(1), *out_strides)),
            max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
-    launch_cached(_COMPILED, key, _attn_bwd_dkdv_sm90, grid, args, constexprs, maxnreg=MAXNREG)
+    return PlannedLaunch(grid, descriptors, static, constexprs, key)
 
 
 # Launched kernels by what Triton specialises them on (config, mask, head dim, dtype,

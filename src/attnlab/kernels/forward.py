@@ -29,7 +29,13 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from attnlab.kernels._launch import DirectLauncher, as_launcher
+from attnlab.kernels._launch import (
+    DirectLauncher,
+    PlanCache,
+    PlannedLaunch,
+    TracedLauncher,
+    alignment_key,
+)
 from attnlab.kernels._primitives import (
     LOG2E,
     _kv_band_bounds,
@@ -270,15 +276,67 @@ def flash_forward(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    options = dict(layout=layout, scale=scale, causal=causal, window=tuple(window),
+                   softcap=softcap, config=config, max_seqlen_q=max_seqlen_q,
+                   max_seqlen_k=max_seqlen_k)
+    if launch_is_traced(q):
+        # Traced, each launch must be a graph node (wrap_triton's HOP) for Inductor.
+        plan = _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                             launcher=TracedLauncher(wrap_triton(_attn_fwd)), **options)
+    else:
+        # A real call skips that HOP's dispatch and, after the first call with this
+        # signature, the choices below and JITFunction.run's argument binding.
+        key = (*options.values(), q.dtype, q.device,
+               alignment_key(q, k, v, cu_seqlens_q, cu_seqlens_k))
+        plan = _PLANS.get(key, lambda: _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                                     launcher=_DIRECT_FORWARD, **options))
+    return plan(q, k, v, cu_seqlens_q, cu_seqlens_k)
+
+
+# Forward plans by call signature (kernels/_launch.PlanCache).
+_PLANS = PlanCache()
+
+
+class _ForwardPlan:
+    """The Triton kernel's launch for one call signature: allocates O and LSE and
+    launches (an empty call only fills them)."""
+
+    def __init__(self, out_shape, lse_shape, launch: PlannedLaunch | None) -> None:
+        self.out_shape, self.lse_shape, self.launch = out_shape, lse_shape, launch
+
+    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
+        out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        if self.launch is None:
+            lse.fill_(float("-inf"))
+            return out.zero_(), lse
+        self.launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        return out, lse
+
+
+class _Sm90ForwardPlan:
+    """The Gluon sm_90 kernel's launch (``forward_sm90.PlannedLaunch``) behind the same
+    call."""
+
+    def __init__(self, launch) -> None:
+        self.launch = launch
+
+    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
+        return self.launch(q, k, v)
+
+
+def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal, window,
+                  softcap, config, max_seqlen_q, max_seqlen_k, launcher):
+    """What ``flash_forward`` launches for tensors of these sizes, strides and alignment."""
     is_varlen = layout == "thd"
     if not is_varlen and config is None:
         sm90_config = _gluon_sm90_choice(q, k, v, layout=layout, causal=causal, window=window,
                                          softcap=softcap)
         if sm90_config is not None:
-            from attnlab.kernels.forward_sm90 import launch
+            from attnlab.kernels.forward_sm90 import plan_launch
 
-            return launch(q, k, v, layout=layout, scale=scale, causal=causal,
-                          config=sm90_config)
+            return _Sm90ForwardPlan(plan_launch(q, k, v, layout=layout, scale=scale,
+                                                causal=causal, config=sm90_config))
     if is_varlen:
         if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None \
                 or max_seqlen_k is None:
@@ -288,27 +346,24 @@ def flash_forward(
         num_kv_heads = k.shape[1]
         batch = cu_seqlens_q.shape[0] - 1
         seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
-        out = torch.empty((total_q, num_heads, head_dim), dtype=q.dtype, device=q.device)
-        lse = torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
-        stride_lse = (0, lse.stride(0))
+        out_shape, lse_shape = (total_q, num_heads, head_dim), (num_heads, total_q)
     else:
         if cu_seqlens_q is not None or cu_seqlens_k is not None:
             raise ValueError(f"cu_seqlens belong to layout 'thd', not {layout!r}")
         if layout == "bshd":
             batch, seqlen_q, num_heads, head_dim = q.shape
             seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
-            out = torch.empty((batch, seqlen_q, num_heads, head_dim), dtype=q.dtype,
-                              device=q.device)
+            out_shape = (batch, seqlen_q, num_heads, head_dim)
         else:
             batch, num_heads, seqlen_q, head_dim = q.shape
             num_kv_heads, seqlen_k = k.shape[1], k.shape[2]
-            out = torch.empty((batch, num_heads, seqlen_q, head_dim), dtype=q.dtype,
-                              device=q.device)
-        lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
-        stride_lse = (lse.stride(0), lse.stride(1))
-    if batch == 0 or seqlen_q == 0 or out.numel() == 0:
-        lse.fill_(float("-inf"))
-        return out.zero_(), lse
+            out_shape = (batch, num_heads, seqlen_q, head_dim)
+        lse_shape = (batch, num_heads, seqlen_q)
+    if batch == 0 or seqlen_q == 0 or 0 in out_shape:
+        return _ForwardPlan(out_shape, lse_shape, None)
+    # O and LSE are allocated contiguous: their strides follow from the shapes.
+    out_meta = torch.empty(out_shape, device="meta")
+    stride_lse = (0, total_q) if is_varlen else (num_heads * seqlen_q, seqlen_q)
 
     window_left, window_right = effective_window(causal, window)
     has_left, has_right = window_left >= 0, window_right >= 0
@@ -321,7 +376,7 @@ def flash_forward(
         config = forward_config(shape, interpreted=kernel_is_interpreted())
 
     q_strides, k_strides, v_strides, o_strides = (
-        bhs_strides(t, layout) for t in (q, k, v, out))
+        bhs_strides(t, layout) for t in (q, k, v, out_meta))
     offsets_64 = (
         any(offsets_need_int64(seqlen_q, s[2], config.block_m, head_dim_pad)
             for s in (q_strides, o_strides))
@@ -329,11 +384,10 @@ def flash_forward(
                for s in (k_strides, v_strides)))
     num_m_blocks = triton.cdiv(seqlen_q, config.block_m)
     grid = (num_m_blocks * batch * num_heads,)
-    args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-            *q_strides, *k_strides, *v_strides, *o_strides, *stride_lse,
-            num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_m_blocks,
-            max(window_left, 0), max(window_right, 0),
-            scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0)
+    static = (*q_strides, *k_strides, *v_strides, *o_strides, *stride_lse,
+              num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_m_blocks,
+              max(window_left, 0), max(window_right, 0),
+              scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0)
     meta = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
                 BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                 HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
@@ -341,9 +395,4 @@ def flash_forward(
                 UPCAST_DOT=kernel_is_interpreted() and q.dtype == torch.bfloat16,
                 IS_VARLEN=is_varlen, OFFSETS_64=offsets_64,
                 num_warps=config.num_warps, num_stages=config.num_stages)
-    # Traced, the launch must be a graph node (wrap_triton's HOP) for Inductor to compile;
-    # a real call skips that HOP's dispatch and, after the first, JITFunction.run's
-    # argument binding (kernels/_launch.DirectLauncher).
-    launch = as_launcher(wrap_triton(_attn_fwd)) if launch_is_traced(q) else _DIRECT_FORWARD
-    launch(grid, args, meta)
-    return out, lse
+    return _ForwardPlan(out_shape, lse_shape, PlannedLaunch(launcher, grid, static, meta))

@@ -58,6 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.kernels._launch import int_class, launch_cached
 from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
@@ -66,6 +67,7 @@ from attnlab.kernels._sm90 import (
     code_evidence,
     compile_sm90,
     descriptor,
+    descriptor_parts,
     dispatch_entries,
     hardware_refusal,
     launch_maxnreg,
@@ -614,25 +616,53 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, sc
     """``flash_forward_sm90`` without its checks, for a call ``supports`` accepted with
     this config (``dispatch_config`` returns only such configs): the dispatched path
     checks once, not twice (each check is ~15-30 us of host time per call)."""
+    return plan_launch(q, k, v, layout=layout, scale=scale, causal=causal,
+                       config=config)(q, k, v)
+
+
+class PlannedLaunch:
+    """This kernel's launch for one call signature: ``(q, k, v)`` allocates O and LSE,
+    builds the three descriptors over the call's tensors and launches, returning (O, LSE);
+    everything else was fixed by ``plan_launch``."""
+
+    def __init__(self, kernel, grid, descriptors, lse_shape, static, constexprs, key) -> None:
+        self.kernel, self.grid, self.descriptors, self.lse_shape = kernel, grid, descriptors, lse_shape
+        self.static, self.constexprs, self.key = static, constexprs, key
+
+    def __call__(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        q_parts, k_parts, v_parts = self.descriptors
+        args = (TensorDescriptor(q, *q_parts), TensorDescriptor(k, *k_parts),
+                TensorDescriptor(v, *v_parts), out, lse, *self.static)
+        launch_cached(_COMPILED, self.key, self.kernel, self.grid, args, self.constexprs,
+                      maxnreg=MAXNREG)
+        return out, lse
+
+
+def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str,
+                scale: float, causal: bool, config: Sm90Config) -> PlannedLaunch:
+    """The launch for tensors of these sizes, strides and alignment (see ``launch``)."""
     batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(f"query heads ({num_heads}) must be a multiple of kv heads "
                          f"({num_kv_heads})")
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
     num_work = triton.cdiv(seqlen_q, BLOCK_M) * batch * num_heads
     grid = (min(num_work, sm_count(q.device)) if config.persistent else num_work,)
     kernel, meta = _kernel_and_meta(config)
-    strides = bhs_strides(out, layout)
-    args = (descriptor(q, layout, BLOCK_M // 2), descriptor(k, layout, config.block_n),
-            descriptor(v, layout, config.block_n), out, lse, *strides,
-            num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_work, scale * LOG2E)
+    # O is allocated contiguous in q's layout.
+    strides = bhs_strides(torch.empty(q.shape, device="meta"), layout)
+    descriptors = (descriptor_parts(q, layout, BLOCK_M // 2),
+                   descriptor_parts(k, layout, config.block_n),
+                   descriptor_parts(v, layout, config.block_n))
+    static = (*strides, num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_work,
+              scale * LOG2E)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
                       STAGES=config.stages, IS_CAUSAL=causal,
                       PRODUCER_REGS=config.producer_regs, **meta)
     key = launch_key(config, causal, q, strides, max(seqlen_q, seqlen_k, num_work))
-    launch_cached(_COMPILED, key, kernel, grid, args, constexprs, maxnreg=MAXNREG)
-    return out, lse
+    return PlannedLaunch(kernel, grid, descriptors, (batch, num_heads, seqlen_q), static,
+                         constexprs, key)
 
 
 # Launched kernels by launch_key: the call after the first goes straight to the
