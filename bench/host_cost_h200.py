@@ -79,6 +79,15 @@ def fwdbwd_layers(head_dim: int) -> dict:
     kept = attnlab.attention(q, k, v, causal=True)
     x = torch.randn(16, device="cuda", requires_grad=True)
 
+    class Identity(torch.autograd.Function):  # a Python node's own cost in the engine
+        @staticmethod
+        def forward(ctx, t):
+            return t.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
     def cudnn_step():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -100,6 +109,8 @@ def fwdbwd_layers(head_dim: int) -> dict:
             causal=True),
         "autograd baseline: grad of x * 2": lambda: torch.autograd.grad(x * 2, x,
                                                                         torch.ones_like(x)),
+        "autograd baseline: grad through a Python Function": lambda: torch.autograd.grad(
+            Identity.apply(x), x, torch.ones_like(x)),
         "SDPA cuDNN fwd+bwd (with its context manager)": cudnn_step,
     }
 
