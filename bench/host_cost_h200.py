@@ -115,6 +115,61 @@ def fwdbwd_layers(head_dim: int) -> dict:
     }
 
 
+def backward_anatomy(head_dim: int, calls: int = 40) -> dict[str, float]:
+    """Where the engine's backward time goes, median us from the grad call: until our
+    node's backward starts (engine, device-thread hand-off), inside it, inside
+    flash_backward, and from the node's return until grad returns."""
+    import attnlab
+    from attnlab.kernels import autograd as glue
+
+    q, k, v = (torch.randn(16, 16, 1024, head_dim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    grad = torch.randn_like(q)
+    kept = attnlab.attention(q, k, v, causal=True)
+    stamps: dict[str, int] = {}
+    original_backward, original_flash = glue._EagerFlashAttention.backward, glue._flash_bwd
+
+    def timed_flash(*args):
+        stamps["flash_in"] = time.perf_counter_ns()
+        result = original_flash(*args)
+        stamps["flash_out"] = time.perf_counter_ns()
+        return result
+
+    def timed_backward(ctx, *grads):
+        stamps["node_in"] = time.perf_counter_ns()
+        result = original_backward(ctx, *grads)
+        stamps["node_out"] = time.perf_counter_ns()
+        return result
+
+    glue._EagerFlashAttention.backward = staticmethod(timed_backward)
+    glue._flash_bwd = timed_flash
+    parts: dict[str, list[float]] = {"to node": [], "node, before flash_backward": [],
+                                     "flash_backward": [], "node, after flash_backward": [],
+                                     "node return to grad return": [], "total": []}
+    try:
+        for i in range(calls + 5):
+            torch.cuda.synchronize()
+            start = time.perf_counter_ns()
+            torch.autograd.grad(kept, (q, k, v), grad, retain_graph=True)
+            end = time.perf_counter_ns()
+            if i < 5:
+                continue
+            for name, (a, b) in {"to node": (start, stamps["node_in"]),
+                                 "node, before flash_backward": (stamps["node_in"],
+                                                                 stamps["flash_in"]),
+                                 "flash_backward": (stamps["flash_in"], stamps["flash_out"]),
+                                 "node, after flash_backward": (stamps["flash_out"],
+                                                                stamps["node_out"]),
+                                 "node return to grad return": (stamps["node_out"], end),
+                                 "total": (start, end)}.items():
+                parts[name].append((b - a) / 1e3)
+    finally:
+        glue._EagerFlashAttention.backward = staticmethod(original_backward)
+        glue._flash_bwd = original_flash
+    torch.cuda.synchronize()
+    return {name: statistics.median(values) for name, values in parts.items()}
+
+
 def main_fwdbwd(out_dir: str) -> int:
     import triton
 
@@ -130,6 +185,11 @@ def main_fwdbwd(out_dir: str) -> int:
                          "median_us": round(median, 1), "min_us": round(best, 1),
                          "triton": triton.__version__, **env})
             print(f"  d={head_dim:3d} {name:48s} {median:7.1f} us (min {best:6.1f})", flush=True)
+        for name, median in backward_anatomy(head_dim).items():
+            rows.append({"what": "host_cost_fwdbwd", "layer": f"backward anatomy: {name}",
+                         "head_dim": head_dim, "shape": "B=16 H=16 N=1024 bf16 causal bhsd",
+                         "median_us": round(median, 1), "triton": triton.__version__, **env})
+            print(f"  d={head_dim:3d} backward anatomy: {name:32s} {median:7.1f} us", flush=True)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "host_cost_fwdbwd.jsonl"), "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
