@@ -157,10 +157,14 @@ def test_the_preprocess_pads_lse_and_d_for_the_gluon_kernel(monkeypatch, layout)
 
 @built_here
 def test_compiles_for_sm90_with_roles_and_no_spills(json_from_fresh_python):
+    # The defaults, and the tiles that spilled while LSE and D sat in registers (41-711
+    # local-memory instructions) before they came through shared memory.
     compiled = json_from_fresh_python(
         "import json; from attnlab.kernels.backward_sm90 import *; out = []\n"
-        "for d, causal in ((128, True), (64, False)):\n"
-        "    c = DEFAULT_CONFIGS[d]; k = compile_for_sm90(d, c, causal=causal)\n"
+        "for d, c, causal in ((128, DEFAULT_CONFIGS[128], True), (64, DEFAULT_CONFIGS[64], False),\n"
+        "                     (128, Sm90BackwardConfig(64, 3), True),\n"
+        "                     (64, Sm90BackwardConfig(128, 2), True)):\n"
+        "    k = compile_for_sm90(d, c, causal=causal)\n"
         "    out.append({**sass_evidence(k.asm), 'shared': k.metadata.shared,\n"
         "                'estimate': shared_memory_bytes(d, c)})\n"
         "print(json.dumps(out))")
