@@ -421,17 +421,6 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
     return reason is None, reason or ""
 
 
-def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
-           lse_log2: torch.Tensor, delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, *,
-           layout: str, scale: float, causal: bool, config: Sm90BackwardConfig) -> None:
-    """Write dK and dV of a call ``supports`` accepted: q, k, v, dout in ``layout``;
-    ``lse_log2`` (LSE · log2 e, +inf for rows that see no key) and D = rowsum(dO ∘ O) as
-    contiguous (batch, heads, ``padded_seqlen``) fp32 with +inf and 0 on the padding
-    rows (what the backward's preprocess writes)."""
-    plan_launch(q, k, v, dout, layout=layout, scale=scale, causal=causal,
-                config=config)(q, k, v, dout, lse_log2, delta, dk, dv)
-
-
 class PlannedLaunch:
     """This kernel's launch for one call signature: ``(q, k, v, dout, lse_log2, delta, dk,
     dv)`` builds the six descriptors over the call's tensors and launches; everything else
