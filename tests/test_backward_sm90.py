@@ -18,6 +18,7 @@ import triton
 
 from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.accuracy import check_gradients
+from attnlab.kernels._primitives import kernel_is_interpreted
 from attnlab.kernels._sm90 import SHARED_MEMORY_LIMIT
 from attnlab.kernels.backward_sm90 import (
     BUILT_FOR_TRITON,
@@ -99,14 +100,71 @@ def test_the_dispatch_table_names_only_valid_configs():
         assert backward_sm90.shared_memory_bytes(head_dim, config) <= SHARED_MEMORY_LIMIT
 
 
+# ----- what the Triton backward hands the Gluon kernel (CPU under TRITON_INTERPRET=1) -----
+
+@built_here
+@pytest.mark.skipif(not torch.cuda.is_available() and not kernel_is_interpreted(),
+                    reason="the Triton kernels need a CUDA GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_the_preprocess_pads_lse_and_d_for_the_gluon_kernel(monkeypatch, layout):
+    # The Gluon kernel has no interpreter path: its launch is replaced by one that keeps
+    # the descriptors it was given, so what the preprocess wrote into them (and dQ, which
+    # the Triton kernel computes from the padded D) is checked on the CPU.
+    from attnlab.kernels import backward, backward_sm90
+    from attnlab.kernels.forward import flash_forward
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = Sm90BackwardConfig(block_m=128, stages=2)
+    # Bottom-right causal with seqlen_q > seqlen_k: the first 50 rows see no key.
+    seqlen_q, seqlen_k, scale = 70, 20, 0.125
+    q, k, v = shared_make_qkv(2, 6, 2, seqlen_q, seqlen_k, 64, torch.float16, layout=layout,
+                              seed=5, device=device)
+    dout = torch.randn_like(q)
+    out, lse = flash_forward(q, k, v, layout=layout, scale=scale, causal=True)
+    options = dict(layout=layout, scale=scale, causal=True)
+    dq_triton, _, _ = backward.flash_backward(dout, q, k, v, out, lse, **options)
+
+    launched = []
+
+    def keep_descriptors(cache, key, kernel, grid, args, meta, **launch_options):
+        launched.append(args)
+        for grad in args[6:8]:  # dK, dV
+            grad.zero_()
+
+    monkeypatch.setattr(backward, "_PLANS", backward.PlanCache())
+    monkeypatch.setattr(backward, "_sm90_dkdv", lambda *a, **kw: (config, False))
+    monkeypatch.setattr(backward_sm90, "launch_cached", keep_descriptors)
+    dq, _, _ = backward.flash_backward(dout, q, k, v, out, lse, **options)
+    assert torch.equal(dq, dq_triton)
+
+    lse_desc, delta_desc = launched[0][4:6]
+    padded = backward_sm90.padded_seqlen(seqlen_q, config)
+    for desc in (lse_desc, delta_desc):
+        assert desc.shape == [2, 6, padded] and desc.block_shape == [1, 1, 128]
+    lse_log2, delta = lse_desc.base, delta_desc.base
+    seq_dim = 1 if layout == "bshd" else 2
+    rowsum = (out.float() * dout.float()).sum(-1).movedim(seq_dim, -1)
+    torch.testing.assert_close(delta[..., :seqlen_q], rowsum)
+    expected = torch.where(lse == float("-inf"), float("inf"), lse * math.log2(math.e))
+    torch.testing.assert_close(lse_log2[..., :seqlen_q], expected)
+    assert torch.all(lse_log2[..., :50] == float("inf"))
+    # The padding rows contribute nothing: P = exp2(s - inf) = 0 and D = 0.
+    assert torch.all(lse_log2[..., seqlen_q:] == float("inf"))
+    assert torch.all(delta[..., seqlen_q:] == 0)
+
+
 # ----- sm_90 code without a GPU (CPU, ~10 s) ----------------------------------------------
 
 @built_here
 def test_compiles_for_sm90_with_roles_and_no_spills(json_from_fresh_python):
+    # The defaults, and the tiles that spilled while LSE and D sat in registers (41-711
+    # local-memory instructions) before they came through shared memory.
     compiled = json_from_fresh_python(
         "import json; from attnlab.kernels.backward_sm90 import *; out = []\n"
-        "for d, causal in ((128, True), (64, False)):\n"
-        "    c = DEFAULT_CONFIGS[d]; k = compile_for_sm90(d, c, causal=causal)\n"
+        "for d, c, causal in ((128, DEFAULT_CONFIGS[128], True), (64, DEFAULT_CONFIGS[64], False),\n"
+        "                     (128, Sm90BackwardConfig(64, 3), True),\n"
+        "                     (64, Sm90BackwardConfig(128, 2), True)):\n"
+        "    k = compile_for_sm90(d, c, causal=causal)\n"
         "    out.append({**sass_evidence(k.asm), 'shared': k.metadata.shared,\n"
         "                'estimate': shared_memory_bytes(d, c)})\n"
         "print(json.dumps(out))")

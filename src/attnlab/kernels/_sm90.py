@@ -21,7 +21,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from attnlab.kernels._primitives import bhs_strides
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
 # Hopper's register file: 64K 32-bit registers per SM; the kernels run one CTA per SM.
 REGISTER_FILE = 65536
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (227 KB)
@@ -99,13 +99,21 @@ def descriptor_parts(t: torch.Tensor, layout: str, rows: int) -> tuple:
     else:
         batch, heads, seqlen, head_dim = t.shape
     return ([batch, heads, seqlen, head_dim], [sb, sh, ss, 1], [1, 1, rows, head_dim],
-            box_layout(rows, head_dim, t.dtype))
+            box_layout((1, 1, rows, head_dim), t.dtype))
+
+
+def row_stat_descriptor_parts(t: torch.Tensor, rows: int) -> tuple:
+    """``descriptor_parts`` for a per-row statistic (LSE, D) held as a contiguous
+    (batch, head, sequence) fp32 tensor, with a box of ``rows`` rows of one (batch, head).
+    TMA needs 16-byte strides and a box row of a multiple of 16 bytes: sequence length
+    and ``rows`` multiples of 4."""
+    return list(t.shape), list(t.stride()), [1, 1, rows], box_layout((1, 1, rows), t.dtype)
 
 
 @functools.cache
-def box_layout(rows: int, head_dim: int, dtype: torch.dtype):
+def box_layout(box: tuple[int, ...], dtype: torch.dtype):
     # Built once per box: each call is several microseconds of host time per launch.
-    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], GL_DTYPES[dtype])
+    return gl.NVMMASharedLayout.get_default_for(list(box), GL_DTYPES[dtype])
 
 
 def _cuobjdump() -> str | None:

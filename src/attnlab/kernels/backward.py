@@ -10,7 +10,8 @@ The work is split three ways, none of which uses atomics, so every run gives
 bit-identical dQ, dK and dV (``deterministic=True`` therefore changes nothing):
 
 * ``_attn_bwd_preprocess``: D = rowsum(dO ∘ O) in fp32 (minus dLSE when the
-  LSE output itself was differentiated: d LSE_i / d S_ij = P_ij folds into D);
+  LSE output itself was differentiated: d LSE_i / d S_ij = P_ij folds into D); for the
+  Gluon dK/dV kernel also LSE in log2 units, both padded to its query tiles;
 * ``_attn_bwd_dkdv``: one program owns ``BLOCK_N`` keys of one KV head and streams
   the query tiles of **every query head of its GQA group** past them, so dK and dV
   are summed in registers, never through atomics or an expanded K/V;
@@ -72,9 +73,15 @@ if TYPE_CHECKING:  # the Gluon module is imported only on the Triton it was buil
 
 
 @triton.jit
+def _lse_log2(lse):
+    """LSE in log2 units.  A row that sees no key has LSE = -inf; +inf in its place makes
+    exp2(s - lse) exactly 0 (P = 0, not NaN)."""
+    return tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+
+
+@triton.jit
 def _row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED: tl.constexpr):
-    """LSE (in log2 units) and D of a query tile.  A row that sees no key has LSE = -inf;
-    +inf in its place makes exp2(s - lse) exactly 0 (P = 0, not NaN)."""
+    """LSE (in log2 units, ``_lse_log2``) and D of a query tile."""
     if MASKED:
         in_range = offs_m < seqlen_q
         lse = tl.load(lse_base + offs_m, mask=in_range, other=0.0)
@@ -82,27 +89,28 @@ def _row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED: tl.constexpr):
     else:
         lse = tl.load(lse_base + offs_m)
         delta = tl.load(delta_base + offs_m)
-    lse_log2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    return lse_log2, delta
+    return _lse_log2(lse), delta
 
 
 # ---------------------------------------------------------------------------
-# Preprocess: D = rowsum(dO ∘ O)
+# Preprocess: D = rowsum(dO ∘ O), and LSE in log2 units for the sm_90 dK/dV kernel
 # ---------------------------------------------------------------------------
 
-@triton.jit(do_not_specialize=["num_heads", "seqlen_q", "num_m_blocks"])
+@triton.jit(do_not_specialize=["num_heads", "seqlen_q", "seqlen_pad", "num_m_blocks"])
 def _attn_bwd_preprocess(
     # pointers
-    O, DO, DLSE, DELTA, CU_SEQLENS_Q,
-    # strides (batch, head, seq) of O and dO; (batch, head) of LSE, dLSE and D
+    O, DO, LSE, DLSE, DELTA, LSE_LOG2, CU_SEQLENS_Q,
+    # strides (batch, head, seq) of O and dO; (batch, head) of LSE and dLSE, of D and
+    # LSE_LOG2
     stride_ob, stride_oh, stride_om,
     stride_dob, stride_doh, stride_dom,
     stride_lseb, stride_lseh,
-    # sizes
-    num_heads, seqlen_q, num_m_blocks,
+    stride_deltab, stride_deltah,
+    # sizes: D's rows run to seqlen_pad >= seqlen_q (dense calls only)
+    num_heads, seqlen_q, seqlen_pad, num_m_blocks,
     # meta-parameters
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-    HAS_DLSE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    HAS_DLSE: tl.constexpr, WRITE_LSE_LOG2: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     # 1-D grids throughout (blocks of one head adjacent, as in the forward): batch * heads
     # is not held to CUDA's 65,535 limit on a grid's second axis.
@@ -114,7 +122,8 @@ def _attn_bwd_preprocess(
     if IS_VARLEN:
         q_start = tl.load(CU_SEQLENS_Q + off_b)
         seqlen_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_start
-    if start_m >= seqlen_q:
+        seqlen_pad = seqlen_q  # packed sequences: padding would overwrite the next one
+    if start_m >= seqlen_pad:
         return
     off_b = off_b.to(tl.int64)
     rows = (q_start + start_m).to(tl.int64)
@@ -123,13 +132,20 @@ def _attn_bwd_preprocess(
                       offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True)
     do = _load_kv_tile(DO + off_b * stride_dob + off_h * stride_doh + rows * stride_dom, stride_dom,
                        0, offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True)
+    # Rows past seqlen_q (padding) read O = dO = 0: D = 0 there, so their dS is 0.
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     offs_m = tl.arange(0, BLOCK_M)
-    stat_offset = off_b * stride_lseb + off_h * stride_lseh + rows
+    stat_offset = off_b * stride_lseb + off_h * stride_lseh + rows + offs_m
+    out_offset = off_b * stride_deltab + off_h * stride_deltah + rows + offs_m
     in_range = offs_m < seqlen_q - start_m
+    stored = offs_m < seqlen_pad - start_m
     if HAS_DLSE:
-        delta -= tl.load(DLSE + stat_offset + offs_m, mask=in_range, other=0.0)
-    tl.store(DELTA + stat_offset + offs_m, delta, mask=in_range)
+        delta -= tl.load(DLSE + stat_offset, mask=in_range, other=0.0)
+    tl.store(DELTA + out_offset, delta, mask=stored)
+    if WRITE_LSE_LOG2:
+        # Padding rows as rows without keys: +inf, P = 0.
+        lse = tl.load(LSE + stat_offset, mask=in_range, other=float("-inf"))
+        tl.store(LSE_LOG2 + out_offset, _lse_log2(lse), mask=stored)
 
 
 # ---------------------------------------------------------------------------
@@ -195,7 +211,7 @@ def _attn_bwd_dkdv(
     stride_dob, stride_doh, stride_dom,
     stride_dkb, stride_dkh, stride_dkn,
     stride_dvb, stride_dvh, stride_dvn,
-    stride_lseb, stride_lseh,
+    stride_lseb, stride_lseh, stride_deltab, stride_deltah,
     # sizes
     num_kv_heads, group_size, seqlen_q, seqlen_k, num_n_blocks,
     window_left, window_right,
@@ -247,24 +263,25 @@ def _attn_bwd_dkdv(
         off_h = off_hk * group_size + group_head
         q_base = Q + off_b * stride_qb + off_h * stride_qh + q_rows * stride_qm
         do_base = DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom
-        stat_offset = off_b * stride_lseb + off_h * stride_lseh + q_rows
+        lse_base = LSE + off_b * stride_lseb + off_h * stride_lseh + q_rows
+        delta_base = DELTA + off_b * stride_deltab + off_h * stride_deltah + q_rows
         # Stage 1: rows on the diagonal / the window's right edge (element mask).
         dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset,
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base,
             stride_qm, stride_dom, offs_n, offs_d, q_lo, full_lo,
             seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
             BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
             UPCAST_DOT)
         # Stage 2: rows that see the whole key block (no mask).
         dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset,
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base,
             stride_qm, stride_dom, offs_n, offs_d, full_lo, full_hi,
             seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
             BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
             UPCAST_DOT)
         # Stage 3: rows at the window's left edge and the ragged last query tile (mask).
         dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, LSE + stat_offset, DELTA + stat_offset,
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base,
             stride_qm, stride_dom, offs_n, offs_d, full_hi, q_hi,
             seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
             BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
@@ -339,7 +356,7 @@ def _attn_bwd_dq(
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
-    stride_lseb, stride_lseh,
+    stride_lseb, stride_lseh, stride_deltab, stride_deltah,
     # sizes
     num_heads, group_size, seqlen_q, seqlen_k, num_m_blocks,
     window_left, window_right,
@@ -384,9 +401,10 @@ def _attn_bwd_dq(
     do = _load_kv_tile(DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom,
                        stride_dom, 0, offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD,
                        True)
-    stat_offset = off_b * stride_lseb + off_h * stride_lseh + q_start
+    lse_base = LSE + off_b * stride_lseb + off_h * stride_lseh + q_start
+    delta_base = DELTA + off_b * stride_deltab + off_h * stride_deltah + q_start
     # Padded rows read LSE = D = 0 and q = dO = 0: their dS is 0 and they are not stored.
-    lse_log2, delta = _row_stats(LSE + stat_offset, DELTA + stat_offset, offs_m, seqlen_q, True)
+    lse_log2, delta = _row_stats(lse_base, delta_base, offs_m, seqlen_q, True)
     k_base = K + off_b * stride_kb + off_hk * stride_kh + k_rows * stride_kn
     v_base = V + off_b * stride_vb + off_hk * stride_vh + k_rows * stride_vn
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
@@ -571,26 +589,31 @@ def flash_backward(
 
 
 class _BackwardPlan:
-    """The three launches for one call signature: D, then dK/dV (the Triton kernel's
-    ``PlannedLaunch`` or the Gluon one's), then dQ.  A call allocates dQ, dK, dV and D,
-    copies an expanded dO where the Gluon kernel reads it through TMA, and launches."""
+    """The three launches for one call signature: D (and, for the Gluon dK/dV kernel, LSE
+    in log2 units), then dK/dV (the Triton kernel's ``PlannedLaunch`` or the Gluon one's),
+    then dQ.  A call allocates dQ, dK, dV and D (``delta_shape``: LSE's, or padded to the
+    Gluon kernel's query tiles), copies an expanded dO where the Gluon kernel reads it
+    through TMA, and launches."""
 
-    def __init__(self, preprocess, dkdv, sm90_dkdv, dq, copy_dout: bool) -> None:
+    def __init__(self, preprocess, dkdv, sm90_dkdv, dq, copy_dout: bool,
+                 delta_shape: tuple[int, ...]) -> None:
         self.preprocess, self.dkdv, self.sm90_dkdv, self.dq = preprocess, dkdv, sm90_dkdv, dq
-        self.copy_dout = copy_dout
+        self.copy_dout, self.delta_shape = copy_dout, delta_shape
 
     def __call__(self, q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k):
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        delta = torch.empty_like(lse)
+        delta = torch.empty(self.delta_shape, dtype=torch.float32, device=lse.device)
         # Unused pointer arguments still need a tensor; the constexpr switch keeps them unread.
         cu_q = lse if cu_seqlens_q is None else cu_seqlens_q
         cu_k = lse if cu_seqlens_k is None else cu_seqlens_k
-        self.preprocess(out, dout, lse if dlse is None else dlse, delta, cu_q)
+        lse_log2 = None if self.sm90_dkdv is None else torch.empty_like(delta)
+        self.preprocess(out, dout, lse, lse if dlse is None else dlse, delta,
+                        delta if lse_log2 is None else lse_log2, cu_q)
         if self.sm90_dkdv is not None:
-            self.sm90_dkdv(q, k, v, dout.contiguous() if self.copy_dout else dout, lse, delta,
-                           dk, dv)
+            self.sm90_dkdv(q, k, v, dout.contiguous() if self.copy_dout else dout, lse_log2,
+                           delta, dk, dv)
         else:
             self.dkdv(q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k)
         self.dq(q, k, v, dout, lse, delta, dq, cu_q, cu_k)
@@ -607,7 +630,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
         _, num_heads, head_dim = q.shape
         num_kv_heads = k.shape[1]
         batch, seqlen_q, seqlen_k = batch_varlen, max_seqlen_q, max_seqlen_k
-    # LSE and D: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
+    # LSE: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
     stat_strides = (0, lse.stride(0)) if layout == "thd" else (lse.stride(0), lse.stride(1))
 
     window_left, window_right = effective_window(causal, window)
@@ -644,35 +667,46 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     dq_strides, dk_strides = (bhs_strides(torch.empty(t.shape, device="meta"), layout)
                               for t in (q, k))
     preprocess_launcher, dkdv_launcher, dq_launcher = launchers
-    q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
-    preprocess = PlannedLaunch(preprocess_launcher, (q_blocks * batch * num_heads,), (
-        *bhs_strides(out, layout), *bhs_strides(dout, layout), *stat_strides,
-        num_heads, seqlen_q, q_blocks,
-    ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=config.dq_block_m,
-            HAS_DLSE=has_dlse, IS_VARLEN=is_varlen))
     group_size = num_heads // num_kv_heads
     dkdv = sm90_dkdv = None
     copy_dout = False
+    # The Gluon kernel copies D's rows (and LSE's in log2 units) by TMA, whole query
+    # tiles at a time: there they are padded.
+    seqlen_pad = seqlen_q
     if sm90 is not None:
-        from attnlab.kernels.backward_sm90 import plan_launch
+        from attnlab.kernels.backward_sm90 import padded_seqlen, plan_launch
 
         sm90_config, copy_dout = sm90
-        sm90_dkdv = plan_launch(q, k, v, dout.contiguous() if copy_dout else dout, lse,
+        sm90_dkdv = plan_launch(q, k, v, dout.contiguous() if copy_dout else dout,
                                 layout=layout, scale=scale, causal=causal, config=sm90_config)
+        seqlen_pad = padded_seqlen(seqlen_q, sm90_config)
+    # D is a fresh contiguous (batch, heads, seqlen_pad) tensor; varlen's has LSE's shape.
+    if is_varlen:
+        delta_shape, delta_strides = tuple(lse.shape), stat_strides
     else:
+        delta_shape = (batch, num_heads, seqlen_pad)
+        delta_strides = (num_heads * seqlen_pad, seqlen_pad)
+    q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
+    stat_blocks = triton.cdiv(seqlen_pad, config.dq_block_m)
+    preprocess = PlannedLaunch(preprocess_launcher, (stat_blocks * batch * num_heads,), (
+        *bhs_strides(out, layout), *bhs_strides(dout, layout), *stat_strides, *delta_strides,
+        num_heads, seqlen_q, seqlen_pad, stat_blocks,
+    ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=config.dq_block_m,
+            HAS_DLSE=has_dlse, WRITE_LSE_LOG2=sm90 is not None, IS_VARLEN=is_varlen))
+    if sm90 is None:
         kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
         dkdv = PlannedLaunch(dkdv_launcher, (kv_blocks * batch * num_kv_heads,), (
             *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
             *bhs_strides(dout, layout), *dk_strides, *dk_strides, *stat_strides,
-            num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
+            *delta_strides, num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
         ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
                 BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
                 num_warps=config.num_warps, num_stages=config.num_stages))
     dq = PlannedLaunch(dq_launcher, (q_blocks * batch * num_heads,), (
         *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
-        *bhs_strides(dout, layout), *dq_strides, *stat_strides,
+        *bhs_strides(dout, layout), *dq_strides, *stat_strides, *delta_strides,
         num_heads, group_size, seqlen_q, seqlen_k, q_blocks, *scalars,
     ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,
             num_warps=config.num_warps, num_stages=config.num_stages))
-    return _BackwardPlan(preprocess, dkdv, sm90_dkdv, dq, copy_dout)
+    return _BackwardPlan(preprocess, dkdv, sm90_dkdv, dq, copy_dout, delta_shape)

@@ -10,9 +10,10 @@ of every query head of its GQA group past them (dK and dV are summed in register
 atomics, deterministic), with three partitions:
 
 * **producer** (one warp, ``PRODUCER_REGS`` registers): TMA copies of the owned K and V
-  block (once), then Q_j and dO_j per query tile into a ``STAGES``-deep ring.  Each slot
-  has a *ready* barrier (completed by TMA's byte count) and an *empty* barrier both
-  consumers release once their last GEMM on the slot has finished.
+  block (once), then Q_j, dO_j and the tile's LSE and D rows per query tile into a
+  ``STAGES``-deep ring.  Each slot has a *ready* barrier (completed by TMA's byte count)
+  and an *empty* barrier both consumers release once their last GEMM on the slot has
+  finished.
 * **two consumers** (one warpgroup each, 64 of the block's keys, dK and dV of those
   keys in fp32 registers).  Per tile, transposed so dK and dV come out without a
   transpose: issue S^T = K Q_j^T and dP^T = V dO_j^T together; wait for S^T only and
@@ -21,14 +22,19 @@ atomics, deterministic), with three partitions:
   dV runs; issue dK += dS^T Q_j.  The two warpgroups are separate partitions, so
   one's exponentials run under the other's GEMMs (the forward's attempt-11 lesson).
 
-dQ is the Triton dQ kernel's job (kernels/backward.py), as is D = rowsum(dO ∘ O).
+dQ is the Triton dQ kernel's job (kernels/backward.py), as is D = rowsum(dO ∘ O).  Its
+preprocess also writes LSE in log2 units for this kernel, and both rows padded to whole
+query tiles (``padded_seqlen``) so TMA can copy them: LSE and D then come from shared
+memory where P and dS need them, instead of sitting in registers replicated across the
+threads of a column for the whole tile (16 each at 64-row tiles; with them there, 64-row
+tiles at d = 128 spilled).
 
 Masking: bottom-right causal only (windows and softcap stay on the Triton kernel).
 Query tiles wholly above the band are never loaded (the forward's skip bound, seen
 from the keys' side); tiles crossing the diagonal run the element mask; the rest run
-unmasked.  Rows past ``seqlen_q`` need no mask: TMA zero-fills their Q and dO, and
-their LSE loads as +inf, so P = 0 and dS = 0 there.  Keys past ``seqlen_k`` are the
-block's padding, computed and never stored.
+unmasked.  Rows past ``seqlen_q`` need no mask: TMA zero-fills their Q and dO, and the
+preprocess wrote their LSE as +inf and their D as 0, so P = 0 and dS = 0 there.  Keys
+past ``seqlen_k`` are the block's padding, computed and never stored.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from attnlab.kernels._sm90 import (
     hardware_refusal,
     launch_maxnreg,
     on_sm90_capability,
+    row_stat_descriptor_parts,
     shared_memory_refusal,
     tma_aligned,
 )
@@ -79,8 +86,8 @@ MAXNREG = launch_maxnreg(2 * CONSUMER_WARPS)
 
 
 @gluon.jit
-def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, ready, empty, lse_base, delta_base,
-                offs_n, m_lo, m_hi, ring, seqlen_q, diag_offset, qk_scale,
+def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready, empty,
+                offs_n, m_lo, m_hi, ring, diag_offset, qk_scale,
                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
                 s_layout: gl.constexpr, p_layout: gl.constexpr):
     """Add the query tiles [m_lo, m_hi) of one query head to this warpgroup's dK, dV.
@@ -88,33 +95,32 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, ready, empty, lse_base, del
     ``ring`` counts the tiles this program consumed before (the slot and its phase)."""
     dtype: gl.constexpr = q_smem.dtype
     KEYS: gl.constexpr = k_wg.shape[0]
+    row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
     for start_m in range(m_lo, m_hi, BLOCK_M):
         stage = ring % STAGES
-        # LSE and D load while the GEMMs below run (loading D only where dS needs it
-        # left its latency exposed: -9% at d = 128, session 5 run 2).  Rows past
-        # seqlen_q get LSE = +inf (P = 0), as does a row that sees no key (LSE = -inf
-        # from the forward).
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-        in_range = offs_m < seqlen_q
-        lse = gl.load(lse_base + offs_m, mask=in_range, other=float("inf"))
-        delta = gl.load(delta_base + offs_m, mask=in_range, other=0.0)
         mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
         q_tile = q_smem.index(stage)
         do_tile = do_smem.index(stage)
         s_t = warpgroup_mma(k_wg, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v_wg, do_tile.permute((1, 0)), s_zero, use_acc=False,
                              is_async=True)
-        lse_log2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
         s_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, k_wg))
         s_t = s_t * qk_scale
         if MASKED:
+            offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
             visible = (gl.expand_dims(offs_n, 1) <= gl.expand_dims(offs_m, 0) + diag_offset)
             s_t = gl.where(visible, s_t, float("-inf"))
+        # LSE in log2 units, +inf where a row sees no key or is padding (P = 0, not NaN).
+        # LSE and D are read from shared memory where they are needed, not held from the
+        # top of the tile: those replicated registers made 64-row tiles spill.  (A global
+        # load of D here cost 9%, session 5 run 2; a shared one's latency is far shorter.)
+        lse_log2 = lse_smem.index(stage).load(row_layout)
         p_t = gl.exp2(s_t - gl.expand_dims(lse_log2, 0))
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_tile, dv,
                            is_async=True)
         dp_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, v_wg))
+        delta = delta_smem.index(stage).load(row_layout)
         ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
         dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, dk,
                            is_async=True)
@@ -152,8 +158,8 @@ def _work(num_kv_blocks, num_kv_heads, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_smem, do_smem, kv_ready, ready, empty, LSE, DELTA, DK, DV,
-              stride_lseb, stride_lseh, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
+              DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
               stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
               num_kv_blocks, qk_scale, scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
               STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
@@ -180,17 +186,16 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, kv_ready, ready, empty, LSE, DELT
     mbarrier.wait(kv_ready, 0)
 
     ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
-    for group_head in range(group_size):
-        off_h = off_hk * group_size + group_head
-        stat = off_b.to(gl.int64) * stride_lseb + off_h.to(gl.int64) * stride_lseh
+    # The group's query heads come in the producer's order; the ring carries them.
+    for _group_head in range(group_size):
         if IS_CAUSAL:
-            dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, ready, empty,
-                                       LSE + stat, DELTA + stat, offs_n, m_lo, m_full, ring,
-                                       seqlen_q, diag_offset, qk_scale, BLOCK_M, STAGES, True,
+            dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem,
+                                       delta_smem, ready, empty, offs_n, m_lo, m_full, ring,
+                                       diag_offset, qk_scale, BLOCK_M, STAGES, True,
                                        s_layout, p_layout)
-        dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, ready, empty,
-                                   LSE + stat, DELTA + stat, offs_n, m_full, seqlen_q, ring,
-                                   seqlen_q, diag_offset, qk_scale, BLOCK_M, STAGES, False,
+        dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem,
+                                   ready, empty, offs_n, m_full, seqlen_q, ring,
+                                   diag_offset, qk_scale, BLOCK_M, STAGES, False,
                                    s_layout, p_layout)
 
     # Keys no query sees never met a visible score: dK = dV = 0 exactly.
@@ -207,11 +212,13 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, kv_ready, ready, empty, LSE, DELT
 
 
 @gluon.jit
-def _producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_ready,
-              ready, empty, num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks,
-              BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """The producer partition (one warp): the K/V block once, then Q_j, dO_j per tile of
-    every query head of the group, paced by the ring's empty barriers."""
+def _producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem,
+              do_smem, lse_smem, delta_smem, kv_ready, ready, empty, num_kv_heads, group_size,
+              seqlen_q, seqlen_k, num_kv_blocks, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+              IS_CAUSAL: gl.constexpr):
+    """The producer partition (one warp): the K/V block once, then Q_j, dO_j and their
+    LSE and D rows per tile of every query head of the group, paced by the ring's empty
+    barriers."""
     dtype: gl.constexpr = q_smem.dtype
     KEYS: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
@@ -219,6 +226,10 @@ def _producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, 
     q_box: gl.constexpr = [1, 1, BLOCK_M, HEAD_DIM]
     kv_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(kv_box, dtype)
     q_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(q_box, dtype)
+    row_box: gl.constexpr = [1, 1, BLOCK_M]
+    row_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(row_box, gl.float32)
+    tile_bytes: gl.constexpr = (2 * q_desc.block_type.nbytes + lse_desc.block_type.nbytes
+                                + delta_desc.block_type.nbytes)
 
     start_n, off_b, off_hk = _work(num_kv_blocks, num_kv_heads, 2 * KEYS)
     mbarrier.expect(kv_ready, 4 * k_desc.block_type.nbytes)
@@ -238,13 +249,21 @@ def _producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, 
             stage = ring % STAGES
             # A fresh mbarrier counts as having completed the phase before phase 0.
             mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(stage), 2 * q_desc.block_type.nbytes)
+            mbarrier.expect(ready.index(stage), tile_bytes)
             tma.async_copy_global_to_shared(
                 q_desc, [off_b, off_h, start_m, 0], ready.index(stage),
                 q_smem.index(stage)._reinterpret(dtype, q_box, q_box_layout))
             tma.async_copy_global_to_shared(
                 do_desc, [off_b, off_h, start_m, 0], ready.index(stage),
                 do_smem.index(stage)._reinterpret(dtype, q_box, q_box_layout))
+            # Whole rows of the padded buffers (start_m is a multiple of BLOCK_M): the
+            # padding's +inf / 0 come from the preprocess, not from TMA's zero fill.
+            tma.async_copy_global_to_shared(
+                lse_desc, [off_b, off_h, start_m], ready.index(stage),
+                lse_smem.index(stage)._reinterpret(gl.float32, row_box, row_box_layout))
+            tma.async_copy_global_to_shared(
+                delta_desc, [off_b, off_h, start_m], ready.index(stage),
+                delta_smem.index(stage)._reinterpret(gl.float32, row_box, row_box_layout))
             ring += 1
 
 
@@ -254,9 +273,10 @@ def _producer(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, 
 def _attn_bwd_dkdv_sm90(
     # TMA descriptors (host-built, 4-D: batch, head, sequence, head dim)
     k_desc, v_desc, q_desc, do_desc,
-    # LSE and D (batch, heads, seqlen_q) fp32; dK, dV with (batch, head, seq) strides
-    LSE, DELTA, DK, DV, stride_lseb, stride_lseh,
-    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+    # TMA descriptors of LSE (log2 units) and D, (batch, heads, padded_seqlen) fp32
+    lse_desc, delta_desc,
+    # dK, dV with (batch, head, seq) strides
+    DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
     # sizes
     num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks,
     # scalars: softmax scale in log2 units, and the plain scale dK is multiplied by
@@ -274,6 +294,10 @@ def _attn_bwd_dkdv_sm90(
     v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    # One plain row per slot: the unswizzled bytes the TMA box [1, 1, BLOCK_M] writes.
+    row_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_smem_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_smem_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -284,19 +308,18 @@ def _attn_bwd_dkdv_sm90(
 
     gl.warp_specialize([
         # The default partition is consumer warpgroup 0, the first worker warpgroup 1.
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, ready, empty, LSE, DELTA, DK,
-                     DV, stride_lseb, stride_lseh, stride_dkb, stride_dkh, stride_dkn,
-                     stride_dvb, stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q,
-                     seqlen_k, num_kv_blocks, qk_scale, scale, 0, BLOCK_M, STAGES,
-                     IS_CAUSAL)),
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, kv_ready, ready, empty, LSE, DELTA, DK,
-                     DV, stride_lseb, stride_lseh, stride_dkb, stride_dkh, stride_dkn,
-                     stride_dvb, stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q,
-                     seqlen_k, num_kv_blocks, qk_scale, scale, 1, BLOCK_M, STAGES,
-                     IS_CAUSAL)),
-        (_producer, (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
-                     kv_ready, ready, empty, num_kv_heads, group_size, seqlen_q, seqlen_k,
-                     num_kv_blocks, BLOCK_M, STAGES, IS_CAUSAL)),
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
+                     empty, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+                     stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
+                     num_kv_blocks, qk_scale, scale, 0, BLOCK_M, STAGES, IS_CAUSAL)),
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
+                     empty, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+                     stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
+                     num_kv_blocks, qk_scale, scale, 1, BLOCK_M, STAGES, IS_CAUSAL)),
+        (_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
+                     q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
+                     num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks, BLOCK_M,
+                     STAGES, IS_CAUSAL)),
     ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
     mbarrier.invalidate(kv_ready)
@@ -337,8 +360,10 @@ class Sm90BackwardConfig:
         return cls(*(int(g) for g in match.groups()))
 
 
-# What a config-less call and the tests run: the largest query tile whose code has no
-# register spills (compiled here for sm_90a: 0 local-memory instructions, both masks).
+# What a config-less call and the tests run: the largest query tile whose code had no
+# register spills when LSE and D sat in registers.  With them in shared memory the
+# 64-row tile at d = 128 and the 128-row one at d = 64 compile without spills too
+# (tests/test_backward_sm90.py), not yet timed on a GPU.
 DEFAULT_CONFIGS = {
     64: Sm90BackwardConfig(block_m=64, stages=3),
     128: Sm90BackwardConfig(block_m=32, stages=3),
@@ -346,9 +371,17 @@ DEFAULT_CONFIGS = {
 
 
 def shared_memory_bytes(head_dim: int, config: Sm90BackwardConfig, itemsize: int = 2) -> int:
-    """The K/V block + the Q/dO ring + barriers and slack: what one CTA allocates."""
+    """The K/V block + the Q/dO ring + the fp32 LSE/D ring + barriers and slack: what one
+    CTA allocates."""
     tiles = 2 * BLOCK_N * head_dim + 2 * config.stages * config.block_m * head_dim
-    return tiles * itemsize + 8 * (1 + 2 * config.stages) + 512
+    rows = 2 * config.stages * config.block_m * 4
+    return tiles * itemsize + rows + 8 * (1 + 2 * config.stages) + 512
+
+
+def padded_seqlen(seqlen_q: int, config: Sm90BackwardConfig) -> int:
+    """The length of the LSE and D rows this kernel reads: whole query tiles, so every
+    TMA box lies inside the buffer (and its row stride is a multiple of 16 bytes)."""
+    return triton.cdiv(seqlen_q, config.block_m) * config.block_m
 
 
 def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: torch.dtype,
@@ -388,36 +421,28 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
     return reason is None, reason or ""
 
 
-def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
-           lse: torch.Tensor, delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, *,
-           layout: str, scale: float, causal: bool, config: Sm90BackwardConfig) -> None:
-    """Write dK and dV of a call ``supports`` accepted: q, k, v, dout in ``layout``, LSE
-    (natural log) and D = rowsum(dO ∘ O) as (batch, heads, seqlen_q) fp32."""
-    plan_launch(q, k, v, dout, lse, layout=layout, scale=scale, causal=causal,
-                config=config)(q, k, v, dout, lse, delta, dk, dv)
-
-
 class PlannedLaunch:
-    """This kernel's launch for one call signature: ``(q, k, v, dout, lse, delta, dk, dv)``
-    builds the four descriptors over the call's tensors and launches; everything else
+    """This kernel's launch for one call signature: ``(q, k, v, dout, lse_log2, delta, dk,
+    dv)`` builds the six descriptors over the call's tensors and launches; everything else
     (grid, strides, sizes, constexprs, the specialisation key) was fixed by
-    ``plan_launch``.  dK, dV and D must be fresh contiguous allocations."""
+    ``plan_launch``.  dK, dV, LSE·log2 e and D must be fresh contiguous allocations."""
 
     def __init__(self, grid, descriptors, static, constexprs, key) -> None:
         self.grid, self.descriptors, self.static = grid, descriptors, static
         self.constexprs, self.key = constexprs, key
 
-    def __call__(self, q, k, v, dout, lse, delta, dk, dv) -> None:
-        k_parts, v_parts, q_parts, do_parts = self.descriptors
+    def __call__(self, q, k, v, dout, lse_log2, delta, dk, dv) -> None:
+        k_parts, v_parts, q_parts, do_parts, row_parts = self.descriptors
         args = (TensorDescriptor(k, *k_parts), TensorDescriptor(v, *v_parts),
                 TensorDescriptor(q, *q_parts), TensorDescriptor(dout, *do_parts),
-                lse, delta, dk, dv, *self.static)
+                TensorDescriptor(lse_log2, *row_parts), TensorDescriptor(delta, *row_parts),
+                dk, dv, *self.static)
         launch_cached(_COMPILED, self.key, _attn_bwd_dkdv_sm90, self.grid, args,
                       self.constexprs, maxnreg=MAXNREG)
 
 
-def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
-                lse: torch.Tensor, *, layout: str, scale: float, causal: bool,
+def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
+                layout: str, scale: float, causal: bool,
                 config: Sm90BackwardConfig) -> PlannedLaunch:
     """The launch for tensors of these sizes, strides and alignment (see ``launch``)."""
     batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
@@ -425,19 +450,22 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     grid = (num_kv_blocks * batch * num_kv_heads,)
     # dK and dV are allocated contiguous in the layout of k and v.
     out_strides = 2 * bhs_strides(torch.empty(k.shape, device="meta"), layout)
+    rows = torch.empty((batch, num_heads, padded_seqlen(seqlen_q, config)),
+                       dtype=torch.float32, device="meta")
     descriptors = (descriptor_parts(k, layout, KEYS_PER_WARPGROUP),
                    descriptor_parts(v, layout, KEYS_PER_WARPGROUP),
                    descriptor_parts(q, layout, config.block_m),
-                   descriptor_parts(dout, layout, config.block_m))
-    static = (lse.stride(0), lse.stride(1), *out_strides,
+                   descriptor_parts(dout, layout, config.block_m),
+                   row_stat_descriptor_parts(rows, config.block_m))
+    static = (*out_strides,
               num_kv_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_kv_blocks,
               scale * LOG2E, scale)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
                       IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
                       CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
-    # dK, dV and D are fresh allocations (16-byte aligned); LSE is the caller's.
-    key = (config, causal, head_dim, q.dtype, q.device, lse.data_ptr() % 16 == 0,
-           tuple(int_class(s) for s in (lse.stride(0), lse.stride(1), *out_strides)),
+    # dK and dV are fresh allocations (16-byte aligned).
+    key = (config, causal, head_dim, q.dtype, q.device,
+           tuple(int_class(s) for s in out_strides),
            max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
     return PlannedLaunch(grid, descriptors, static, constexprs, key)
 
@@ -461,10 +489,14 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
     example = torch.empty((1, 256, 1, head_dim), dtype=torch_dtype, device="meta")
     kv_type = mangle_type(descriptor(example, "bshd", KEYS_PER_WARPGROUP))
     q_type = mangle_type(descriptor(example, "bshd", config.block_m))
+    rows = torch.empty((1, 1, 256), dtype=torch.float32, device="meta")
+    row_type = mangle_type(TensorDescriptor(rows, *row_stat_descriptor_parts(rows,
+                                                                             config.block_m)))
     signature = {"k_desc": kv_type, "v_desc": kv_type, "q_desc": q_type, "do_desc": q_type,
-                 "LSE": "*fp32", "DELTA": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}"}
-    strides = ("stride_lseb", "stride_lseh", "stride_dkb", "stride_dkh", "stride_dkn",
-               "stride_dvb", "stride_dvh", "stride_dvn")
+                 "lse_desc": row_type, "delta_desc": row_type,
+                 "DK": f"*{dtype}", "DV": f"*{dtype}"}
+    strides = ("stride_dkb", "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh",
+               "stride_dvn")
     for name in (*strides, "num_kv_heads", "group_size", "seqlen_q", "seqlen_k",
                  "num_kv_blocks"):
         signature[name] = "i32"
@@ -473,7 +505,7 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
                      IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
                      CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
     return compile_sm90(_attn_bwd_dkdv_sm90, signature, constants,
-                        ("LSE", "DELTA", "DK", "DV", *strides), MAXNREG)
+                        ("DK", "DV", *strides), MAXNREG)
 
 
 def sass_evidence(asm: dict) -> dict:
