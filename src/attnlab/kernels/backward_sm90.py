@@ -444,7 +444,7 @@ class PlannedLaunch:
 def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
                 layout: str, scale: float, causal: bool,
                 config: Sm90BackwardConfig) -> PlannedLaunch:
-    """The launch for tensors of these sizes, strides and alignment (see ``launch``)."""
+    """The launch for tensors of these sizes, strides and alignment (see PlannedLaunch)."""
     batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
     num_kv_blocks = triton.cdiv(seqlen_k, BLOCK_N)
     grid = (num_kv_blocks * batch * num_kv_heads,)
