@@ -153,6 +153,17 @@ def test_the_preprocess_pads_lse_and_d_for_the_gluon_kernel(monkeypatch, layout)
     assert torch.all(delta[..., seqlen_q:] == 0)
 
 
+@built_here
+def test_a_planned_descriptor_is_the_checked_one_over_the_new_tensor():
+    from attnlab.kernels._sm90 import PlannedDescriptor, descriptor, descriptor_parts
+
+    first, second = (torch.zeros(2, 64, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    planned = PlannedDescriptor(first, descriptor_parts(first, "bshd", 32))
+    rebased = planned(second)
+    assert rebased == descriptor(second, "bshd", 32) and rebased.base is second
+    assert planned(first).base is first  # re-basing leaves the plan's fields alone
+
+
 # ----- sm_90 code without a GPU (CPU, ~10 s) ----------------------------------------------
 
 @built_here

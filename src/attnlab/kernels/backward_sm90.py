@@ -58,6 +58,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from attnlab.kernels._launch import int_class, launch_cached
 from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
 from attnlab.kernels._sm90 import (
+    PlannedDescriptor,
     check_producer_regs,
     code_evidence,
     compile_sm90,
@@ -423,7 +424,7 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
 
 class PlannedLaunch:
     """This kernel's launch for one call signature: ``(q, k, v, dout, lse_log2, delta, dk,
-    dv)`` builds the six descriptors over the call's tensors and launches; everything else
+    dv)`` re-bases the six planned descriptors on the call's tensors and launches; everything else
     (grid, strides, sizes, constexprs, the specialisation key) was fixed by
     ``plan_launch``.  dK, dV, LSE·log2 e and D must be fresh contiguous allocations."""
 
@@ -432,11 +433,9 @@ class PlannedLaunch:
         self.constexprs, self.key = constexprs, key
 
     def __call__(self, q, k, v, dout, lse_log2, delta, dk, dv) -> None:
-        k_parts, v_parts, q_parts, do_parts, row_parts = self.descriptors
-        args = (TensorDescriptor(k, *k_parts), TensorDescriptor(v, *v_parts),
-                TensorDescriptor(q, *q_parts), TensorDescriptor(dout, *do_parts),
-                TensorDescriptor(lse_log2, *row_parts), TensorDescriptor(delta, *row_parts),
-                dk, dv, *self.static)
+        k_desc, v_desc, q_desc, do_desc, row_desc = self.descriptors
+        args = (k_desc(k), v_desc(v), q_desc(q), do_desc(dout), row_desc(lse_log2),
+                row_desc(delta), dk, dv, *self.static)
         launch_cached(_COMPILED, self.key, _attn_bwd_dkdv_sm90, self.grid, args,
                       self.constexprs, maxnreg=MAXNREG)
 
@@ -452,11 +451,11 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     out_strides = 2 * bhs_strides(torch.empty(k.shape, device="meta"), layout)
     rows = torch.empty((batch, num_heads, padded_seqlen(seqlen_q, config)),
                        dtype=torch.float32, device="meta")
-    descriptors = (descriptor_parts(k, layout, KEYS_PER_WARPGROUP),
-                   descriptor_parts(v, layout, KEYS_PER_WARPGROUP),
-                   descriptor_parts(q, layout, config.block_m),
-                   descriptor_parts(dout, layout, config.block_m),
-                   row_stat_descriptor_parts(rows, config.block_m))
+    descriptors = (PlannedDescriptor(k, descriptor_parts(k, layout, KEYS_PER_WARPGROUP)),
+                   PlannedDescriptor(v, descriptor_parts(v, layout, KEYS_PER_WARPGROUP)),
+                   PlannedDescriptor(q, descriptor_parts(q, layout, config.block_m)),
+                   PlannedDescriptor(dout, descriptor_parts(dout, layout, config.block_m)),
+                   PlannedDescriptor(rows, row_stat_descriptor_parts(rows, config.block_m)))
     static = (*out_strides,
               num_kv_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_kv_blocks,
               scale * LOG2E, scale)

@@ -58,11 +58,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.kernels._launch import int_class, launch_cached
 from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
 from attnlab.kernels._sm90 import (
+    PlannedDescriptor,
     check_producer_regs,
     code_evidence,
     compile_sm90,
@@ -622,7 +622,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, sc
 
 class PlannedLaunch:
     """This kernel's launch for one call signature: ``(q, k, v)`` allocates O and LSE,
-    builds the three descriptors over the call's tensors and launches, returning (O, LSE);
+    re-bases the three planned descriptors on the call's tensors and launches, returning (O, LSE);
     everything else was fixed by ``plan_launch``."""
 
     def __init__(self, kernel, grid, descriptors, lse_shape, static, constexprs, key) -> None:
@@ -632,9 +632,8 @@ class PlannedLaunch:
     def __call__(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-        q_parts, k_parts, v_parts = self.descriptors
-        args = (TensorDescriptor(q, *q_parts), TensorDescriptor(k, *k_parts),
-                TensorDescriptor(v, *v_parts), out, lse, *self.static)
+        q_desc, k_desc, v_desc = self.descriptors
+        args = (q_desc(q), k_desc(k), v_desc(v), out, lse, *self.static)
         launch_cached(_COMPILED, self.key, self.kernel, self.grid, args, self.constexprs,
                       maxnreg=MAXNREG)
         return out, lse
@@ -652,9 +651,9 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: st
     kernel, meta = _kernel_and_meta(config)
     # O is allocated contiguous in q's layout.
     strides = bhs_strides(torch.empty(q.shape, device="meta"), layout)
-    descriptors = (descriptor_parts(q, layout, BLOCK_M // 2),
-                   descriptor_parts(k, layout, config.block_n),
-                   descriptor_parts(v, layout, config.block_n))
+    descriptors = (PlannedDescriptor(q, descriptor_parts(q, layout, BLOCK_M // 2)),
+                   PlannedDescriptor(k, descriptor_parts(k, layout, config.block_n)),
+                   PlannedDescriptor(v, descriptor_parts(v, layout, config.block_n)))
     static = (*strides, num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_work,
               scale * LOG2E)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
