@@ -9,8 +9,10 @@ source claims.  The GPU tests compare dQ, dK, dV with float64 by the gradient ru
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import math
+import weakref
 
 import pytest
 import torch
@@ -162,6 +164,11 @@ def test_a_planned_descriptor_is_the_checked_one_over_the_new_tensor():
     rebased = planned(second)
     assert rebased == descriptor(second, "bshd", 32) and rebased.base is second
     assert planned(first).base is first  # re-basing leaves the plan's fields alone
+    # The plan keeps no reference to the tensor it was checked on (plans are cached).
+    alive = weakref.ref(first)
+    del first, rebased
+    gc.collect()
+    assert alive() is None
 
 
 # ----- sm_90 code without a GPU (CPU, ~10 s) ----------------------------------------------

@@ -3,6 +3,9 @@ launchers' plans per call signature."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -104,3 +107,8 @@ def test_the_launchers_plan_once_per_signature_and_replan_for_a_new_one():
     assert len(backward_plans) == sizes[1] + 1
     for a, b in zip(first[2], other[2], strict=True):
         assert torch.equal(a, b)
+    # The cached plans keep no reference to a call's tensors.
+    alive = [weakref.ref(t) for t in (q, k, v, dout, strided)]
+    del q, k, v, dout, strided, first, again, other
+    gc.collect()
+    assert all(ref() is None for ref in alive)

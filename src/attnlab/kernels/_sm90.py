@@ -119,6 +119,8 @@ class PlannedDescriptor:
 
     def __init__(self, example: torch.Tensor, parts: tuple) -> None:
         self.fields = dict(TensorDescriptor(example, *parts).__dict__)
+        # A plan outlives its first call: holding that call's tensor would keep its memory.
+        del self.fields["base"]
 
     def __call__(self, t: torch.Tensor) -> TensorDescriptor:
         rebased = object.__new__(TensorDescriptor)
