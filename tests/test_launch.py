@@ -14,8 +14,8 @@ from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
     _arg_class,
-    alignment_key,
     int_class,
+    tensor_key,
 )
 from attnlab.kernels._primitives import kernel_is_interpreted
 from attnlab.kernels.backward import flash_backward
@@ -67,13 +67,14 @@ def test_a_plan_cache_builds_once_per_key_and_keeps_the_newest():
     assert built == ["a", "b", "c"] and list(cache.plans) == [("b",), ("c",)]
 
 
-def test_the_plan_key_separates_strides_and_alignment():
+def test_the_plan_key_separates_strides_alignment_and_dtype():
     base = torch.zeros(2, 8, 4, 16, dtype=torch.float16)
-    assert alignment_key(base) == alignment_key(torch.ones_like(base))
-    assert alignment_key(base) != alignment_key(base.transpose(1, 2))
+    assert tensor_key(base) == tensor_key(torch.ones_like(base))
+    assert tensor_key(base) != tensor_key(base.transpose(1, 2))
     unaligned = torch.zeros(base.numel() + 1, dtype=torch.float16)[1:].view(base.shape)
-    assert alignment_key(base) != alignment_key(unaligned)
-    assert alignment_key(None) == (None,)
+    assert tensor_key(base) != tensor_key(unaligned)
+    assert tensor_key(base) != tensor_key(base.bfloat16())
+    assert tensor_key(None) == (None,)
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() or kernel_is_interpreted()),

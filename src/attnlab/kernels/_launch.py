@@ -162,8 +162,8 @@ class PlanCache:
         return plan
 
 
-def alignment_key(*tensors) -> tuple:
-    """Per tensor: shape, strides and whether its data is 16-byte aligned (None for an
-    absent one) — with the dtype and options, what a plan depends on."""
-    return tuple(None if t is None else (t.shape, t.stride(), t.data_ptr() % 16 == 0)
+def tensor_key(*tensors) -> tuple:
+    """Per tensor: dtype, shape, strides and whether its data is 16-byte aligned (None
+    for an absent one) — with the device and options, what a plan depends on."""
+    return tuple(None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
                  for t in tensors)

@@ -44,7 +44,7 @@ from attnlab.kernels._launch import (
     PlanCache,
     PlannedLaunch,
     TracedLauncher,
-    alignment_key,
+    tensor_key,
 )
 from attnlab.kernels._primitives import (
     LOG2E,
@@ -582,7 +582,7 @@ def flash_backward(
     else:
         # A real call goes straight to the compiled kernels after the first call with this
         # signature (kernels/_launch), skipping the choices below.
-        key = (*options.values(), q.dtype, q.device, alignment_key(*tensors))
+        key = (*options.values(), q.device, tensor_key(*tensors))
         plan = _PLANS.get(key, lambda: _plan_backward(
             *tensors, launchers=(_PREPROCESS, _DKDV, _DQ), **options))
     return plan(*tensors)

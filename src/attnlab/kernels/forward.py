@@ -34,7 +34,7 @@ from attnlab.kernels._launch import (
     PlanCache,
     PlannedLaunch,
     TracedLauncher,
-    alignment_key,
+    tensor_key,
 )
 from attnlab.kernels._primitives import (
     LOG2E,
@@ -286,8 +286,7 @@ def flash_forward(
     else:
         # A real call skips that HOP's dispatch and, after the first call with this
         # signature, the choices below and JITFunction.run's argument binding.
-        key = (*options.values(), q.dtype, q.device,
-               alignment_key(q, k, v, cu_seqlens_q, cu_seqlens_k))
+        key = (*options.values(), q.device, tensor_key(q, k, v, cu_seqlens_q, cu_seqlens_k))
         plan = _PLANS.get(key, lambda: _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                      launcher=_DIRECT_FORWARD, **options))
     return plan(q, k, v, cu_seqlens_q, cu_seqlens_k)
