@@ -51,7 +51,8 @@ def test_a_launch_missing_a_constexpr_is_an_attnlab_bug(monkeypatch):
     monkeypatch.setattr("attnlab.kernels._launch.triton.__version__", "3.6.0")
     monkeypatch.setattr("attnlab.kernels._launch.kernel_is_interpreted", lambda: False)
     with pytest.raises(RuntimeError, match="constexpr"):
-        DirectLauncher(Kernel())((1,), (torch.zeros(1), 3), {"num_warps": 4})
+        launcher, args, meta = DirectLauncher(Kernel()), (torch.zeros(1), 3), {"num_warps": 4}
+        launcher.launch(launcher.key(args, meta), (1,), args, meta)
 
 
 def test_a_plan_cache_builds_once_per_key_and_keeps_the_newest():

@@ -7,6 +7,11 @@ N = 1k a training step is host-bound (bench/NOTES.md, B5), so the launchers keep
 compiled kernel under the key Triton itself specialises on and call its launcher
 directly after the first call.  That uses Triton 3.6 internals (``CompiledKernel.run``'s
 argument order), so every other version keeps ``kernel[grid](...)``.
+
+Above the launches sit the launchers' plans (``PlanCache``, ``PlannedLaunch``): what a
+call's sizes, strides, dtypes, alignment and options decide (tiles, kernel choice,
+grids, the non-tensor arguments, the specialisation key) is worked out once per
+signature, so a repeated call only allocates its outputs and launches.
 """
 
 from __future__ import annotations
@@ -90,16 +95,14 @@ class TracedLauncher:
     def launch(self, key, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
         self.wrapped[grid](*args, **meta)
 
-    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
-        self.wrapped[grid](*args, **meta)
-
 
 class DirectLauncher:
-    """``launcher(grid, args, meta)`` runs ``kernel[grid](*args, **meta)``; from the
-    second call with the same specialisation on it goes straight to the compiled kernel
-    (``launch_cached``).  ``args`` are the runtime parameters in signature order,
-    ``meta`` every constexpr parameter plus launch options (num_warps, num_stages, ...).
-    For real calls only: a traced one launches through ``wrap_triton`` (TracedLauncher)."""
+    """``launch(key, grid, args, meta)`` runs ``kernel[grid](*args, **meta)`` the first
+    time per specialisation ``key`` (``self.key(args, meta)``) and the compiled kernel
+    directly after that (``launch_cached``).  ``args`` are the runtime parameters in
+    signature order, ``meta`` every constexpr parameter plus launch options (num_warps,
+    num_stages, ...).  For real calls only: a traced one launches through
+    ``wrap_triton`` (TracedLauncher)."""
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
@@ -119,9 +122,6 @@ class DirectLauncher:
             self.kernel[grid](*args, **meta)
         else:
             launch_cached(self.compiled, key, self.kernel, grid, args, meta)
-
-    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
-        self.launch(self.key(args, meta), grid, args, meta)
 
 
 class PlannedLaunch:
