@@ -112,6 +112,7 @@ def test_the_preprocess_pads_lse_and_d_for_the_gluon_kernel(monkeypatch, layout)
     # The Gluon kernel has no interpreter path: its launch is replaced by one that keeps
     # the descriptors it was given, so what the preprocess wrote into them (and dQ, which
     # the Triton kernel computes from the padded D) is checked on the CPU.
+    from attnlab.kernels import _sm90 as sm90_host
     from attnlab.kernels import backward, backward_sm90
     from attnlab.kernels.forward import flash_forward
 
@@ -134,8 +135,8 @@ def test_the_preprocess_pads_lse_and_d_for_the_gluon_kernel(monkeypatch, layout)
             grad.zero_()
 
     monkeypatch.setattr(backward, "_PLANS", backward.PlanCache())
-    monkeypatch.setattr(backward, "_sm90_dkdv", lambda *a, **kw: (config, False))
-    monkeypatch.setattr(backward_sm90, "launch_cached", keep_descriptors)
+    monkeypatch.setattr(backward, "_sm90_dkdv", lambda *a, **kw: (config, False, a[3]))
+    monkeypatch.setattr(sm90_host, "launch_cached", keep_descriptors)
     dq, _, _ = backward.flash_backward(dout, q, k, v, out, lse, **options)
     assert torch.equal(dq, dq_triton)
 

@@ -18,6 +18,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from attnlab.kernels._launch import launch_cached
 from attnlab.kernels._primitives import bhs_strides
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -127,6 +128,23 @@ class PlannedDescriptor:
         rebased.__dict__.update(self.fields)
         rebased.base = t
         return rebased
+
+
+class PlannedGluonLaunch:
+    """A Gluon kernel's launch for one call signature: ``(bases, tensors)`` re-bases the
+    planned descriptors on ``bases`` and launches with ``tensors`` and the arguments the
+    plan fixed after them, under the plan's specialisation ``key`` (``launch_cached``)."""
+
+    def __init__(self, cache: dict, kernel, grid: tuple[int, ...], descriptors: tuple,
+                 static: tuple, constexprs: dict, key: tuple, maxnreg: int) -> None:
+        self.cache, self.kernel, self.grid, self.descriptors = cache, kernel, grid, descriptors
+        self.static, self.constexprs, self.key, self.maxnreg = static, constexprs, key, maxnreg
+
+    def __call__(self, bases: tuple, tensors: tuple) -> None:
+        args = (*(planned(t) for planned, t in zip(self.descriptors, bases, strict=True)),
+                *tensors, *self.static)
+        launch_cached(self.cache, self.key, self.kernel, self.grid, args, self.constexprs,
+                      maxnreg=self.maxnreg)
 
 
 @functools.cache

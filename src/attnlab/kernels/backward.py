@@ -493,8 +493,8 @@ _PLANS = PlanCache()
 
 
 def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use_table):
-    """(the Gluon kernel's config, whether dO must be copied for it) when the sm_90 dK/dV
-    kernel computes this call, else None: the Triton dK/dV kernel does.
+    """(the Gluon kernel's config, whether dO must be copied for it, the dO it reads) when
+    the sm_90 dK/dV kernel computes this call, else None: the Triton dK/dV kernel does.
 
     ``requested`` (an ``Sm90BackwardConfig``) forces it, and a call it cannot compute is
     then a ValueError; otherwise (``use_table``) the committed dispatch table decides.
@@ -519,13 +519,14 @@ def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use
         return None
     # An expanded dO (out.sum().backward() gives stride 0) is no TMA operand: one copy.
     copy_dout = not tma_aligned(dout)
-    ok, reason = supports(q, k, v, dout.contiguous() if copy_dout else dout, layout=layout,
-                          window=window, softcap=softcap, config=config)
+    kernel_dout = dout.contiguous() if copy_dout else dout
+    ok, reason = supports(q, k, v, kernel_dout, layout=layout, window=window,
+                          softcap=softcap, config=config)
     if not ok:
         if requested is not None:
             raise ValueError(f"dkdv_sm90={config.name()} cannot compute this call: {reason}")
         return None
-    return config, copy_dout
+    return config, copy_dout, kernel_dout
 
 
 def flash_backward(
@@ -612,8 +613,8 @@ class _BackwardPlan:
         self.preprocess(out, dout, lse, lse if dlse is None else dlse, delta,
                         delta if lse_log2 is None else lse_log2, cu_q)
         if self.sm90_dkdv is not None:
-            self.sm90_dkdv(q, k, v, dout.contiguous() if self.copy_dout else dout, lse_log2,
-                           delta, dk, dv)
+            self.sm90_dkdv((k, v, q, dout.contiguous() if self.copy_dout else dout, lse_log2,
+                            delta), (dk, dv))
         else:
             self.dkdv(q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k)
         self.dq(q, k, v, dout, lse, delta, dq, cu_q, cu_k)
@@ -676,9 +677,9 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     if sm90 is not None:
         from attnlab.kernels.backward_sm90 import padded_seqlen, plan_launch
 
-        sm90_config, copy_dout = sm90
-        sm90_dkdv = plan_launch(q, k, v, dout.contiguous() if copy_dout else dout,
-                                layout=layout, scale=scale, causal=causal, config=sm90_config)
+        sm90_config, copy_dout, kernel_dout = sm90
+        sm90_dkdv = plan_launch(q, k, v, kernel_dout, layout=layout, scale=scale,
+                                causal=causal, config=sm90_config)
         seqlen_pad = padded_seqlen(seqlen_q, sm90_config)
     # D is a fresh contiguous (batch, heads, seqlen_pad) tensor; varlen's has LSE's shape.
     if is_varlen:

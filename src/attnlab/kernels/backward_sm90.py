@@ -55,10 +55,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from attnlab.kernels._launch import int_class, launch_cached
+from attnlab.kernels._launch import int_class
 from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
 from attnlab.kernels._sm90 import (
     PlannedDescriptor,
+    PlannedGluonLaunch,
     check_producer_regs,
     code_evidence,
     compile_sm90,
@@ -421,28 +422,12 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
     return reason is None, reason or ""
 
 
-class PlannedLaunch:
-    """This kernel's launch for one call signature: ``(q, k, v, dout, lse_log2, delta, dk,
-    dv)`` re-bases the six planned descriptors on the call's tensors and launches; everything else
-    (grid, strides, sizes, constexprs, the specialisation key) was fixed by
-    ``plan_launch``.  dK, dV, LSE·log2 e and D must be fresh contiguous allocations."""
-
-    def __init__(self, grid, descriptors, static, constexprs, key) -> None:
-        self.grid, self.descriptors, self.static = grid, descriptors, static
-        self.constexprs, self.key = constexprs, key
-
-    def __call__(self, q, k, v, dout, lse_log2, delta, dk, dv) -> None:
-        k_desc, v_desc, q_desc, do_desc, row_desc = self.descriptors
-        args = (k_desc(k), v_desc(v), q_desc(q), do_desc(dout), row_desc(lse_log2),
-                row_desc(delta), dk, dv, *self.static)
-        launch_cached(_COMPILED, self.key, _attn_bwd_dkdv_sm90, self.grid, args,
-                      self.constexprs, maxnreg=MAXNREG)
-
-
 def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
                 layout: str, scale: float, causal: bool,
-                config: Sm90BackwardConfig) -> PlannedLaunch:
-    """The launch for tensors of these sizes, strides and alignment (see PlannedLaunch)."""
+                config: Sm90BackwardConfig) -> PlannedGluonLaunch:
+    """The launch for tensors of these sizes, strides and alignment.  Called as
+    ``planned((k, v, q, dout, lse_log2, delta), (dk, dv))``: dK, dV, LSE·log2 e and D
+    must be fresh contiguous allocations, the last two (batch, heads, ``padded_seqlen``)."""
     batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
     num_kv_blocks = triton.cdiv(seqlen_k, BLOCK_N)
     grid = (num_kv_blocks * batch * num_kv_heads,)
@@ -450,11 +435,12 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     out_strides = 2 * bhs_strides(torch.empty(k.shape, device="meta"), layout)
     rows = torch.empty((batch, num_heads, padded_seqlen(seqlen_q, config)),
                        dtype=torch.float32, device="meta")
+    row_descriptor = PlannedDescriptor(rows, row_stat_descriptor_parts(rows, config.block_m))
     descriptors = (PlannedDescriptor(k, descriptor_parts(k, layout, KEYS_PER_WARPGROUP)),
                    PlannedDescriptor(v, descriptor_parts(v, layout, KEYS_PER_WARPGROUP)),
                    PlannedDescriptor(q, descriptor_parts(q, layout, config.block_m)),
                    PlannedDescriptor(dout, descriptor_parts(dout, layout, config.block_m)),
-                   PlannedDescriptor(rows, row_stat_descriptor_parts(rows, config.block_m)))
+                   row_descriptor, row_descriptor)  # LSE·log2 e and D
     static = (*out_strides,
               num_kv_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_kv_blocks,
               scale * LOG2E, scale)
@@ -465,7 +451,8 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     key = (config, causal, head_dim, q.dtype, q.device,
            tuple(int_class(s) for s in out_strides),
            max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
-    return PlannedLaunch(grid, descriptors, static, constexprs, key)
+    return PlannedGluonLaunch(_COMPILED, _attn_bwd_dkdv_sm90, grid, descriptors, static,
+                              constexprs, key, MAXNREG)
 
 
 # Launched kernels by what Triton specialises them on (config, mask, head dim, dtype,

@@ -59,10 +59,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from attnlab.kernels._launch import int_class, launch_cached
+from attnlab.kernels._launch import int_class
 from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
 from attnlab.kernels._sm90 import (
     PlannedDescriptor,
+    PlannedGluonLaunch,
     check_producer_regs,
     code_evidence,
     compile_sm90,
@@ -621,21 +622,16 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, sc
 
 
 class PlannedLaunch:
-    """This kernel's launch for one call signature: ``(q, k, v)`` allocates O and LSE,
-    re-bases the three planned descriptors on the call's tensors and launches, returning (O, LSE);
-    everything else was fixed by ``plan_launch``."""
+    """This kernel's launch for one call signature: ``(q, k, v)`` allocates O and LSE and
+    launches (``_sm90.PlannedGluonLaunch``), returning (O, LSE)."""
 
-    def __init__(self, kernel, grid, descriptors, lse_shape, static, constexprs, key) -> None:
-        self.kernel, self.grid, self.descriptors, self.lse_shape = kernel, grid, descriptors, lse_shape
-        self.static, self.constexprs, self.key = static, constexprs, key
+    def __init__(self, gluon: PlannedGluonLaunch, lse_shape: tuple[int, ...]) -> None:
+        self.gluon, self.lse_shape = gluon, lse_shape
 
     def __call__(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-        q_desc, k_desc, v_desc = self.descriptors
-        args = (q_desc(q), k_desc(k), v_desc(v), out, lse, *self.static)
-        launch_cached(_COMPILED, self.key, self.kernel, self.grid, args, self.constexprs,
-                      maxnreg=MAXNREG)
+        self.gluon((q, k, v), (out, lse))
         return out, lse
 
 
@@ -660,8 +656,9 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: st
                       STAGES=config.stages, IS_CAUSAL=causal,
                       PRODUCER_REGS=config.producer_regs, **meta)
     key = launch_key(config, causal, q, strides, max(seqlen_q, seqlen_k, num_work))
-    return PlannedLaunch(kernel, grid, descriptors, (batch, num_heads, seqlen_q), static,
-                         constexprs, key)
+    gluon = PlannedGluonLaunch(_COMPILED, kernel, grid, descriptors, static, constexprs, key,
+                               MAXNREG)
+    return PlannedLaunch(gluon, (batch, num_heads, seqlen_q))
 
 
 # Launched kernels by launch_key: the call after the first goes straight to the
