@@ -15,7 +15,9 @@ launch costs without the JIT's argument binding); the Triton kernel's
 ``--fwdbwd`` instead times one training step's layers at the benchmark's N = 1k shapes
 (B = 16, 16 heads, bf16, d = 64 and 128, causal): each call starts on an idle GPU
 (synchronised before, not after), so its wall time is the host's alone even where the
-GPU's work is longer.  Writes host_cost_fwdbwd.jsonl.
+GPU's work is longer.  Writes host_cost_fwdbwd.jsonl, plus cProfile's table (main
+thread, by own time) of 200 calls each of flash_backward and of the grad-enabled
+forward, host_cprofile_d{64,128}.txt.
 """
 
 from __future__ import annotations
@@ -170,6 +172,32 @@ def backward_anatomy(head_dim: int, calls: int = 40) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in parts.items()}
 
 
+def cprofile_tables(head_dim: int, calls: int = 200) -> str:
+    """cProfile's top functions by own time over ``calls`` back-to-back calls each of
+    flash_backward and the grad-enabled forward (the main thread only: the engine runs
+    the backward node on its device thread, where cProfile does not look)."""
+    import cProfile
+    import io
+    import pstats
+
+    layers = fwdbwd_layers(head_dim)
+    text = io.StringIO()
+    for name in ("flash_backward direct", "forward, grad enabled (autograd.Function)"):
+        fn = layers[name]
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(calls):
+            fn()
+        profile.disable()
+        torch.cuda.synchronize()
+        text.write(f"== d={head_dim} {name}: {calls} calls\n")
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(28)
+    return text.getvalue()
+
+
 def main_fwdbwd(out_dir: str) -> int:
     import triton
 
@@ -185,6 +213,14 @@ def main_fwdbwd(out_dir: str) -> int:
                          "median_us": round(median, 1), "min_us": round(best, 1),
                          "triton": triton.__version__, **env})
             print(f"  d={head_dim:3d} {name:48s} {median:7.1f} us (min {best:6.1f})", flush=True)
+            if name.startswith(("fwd+bwd", "SDPA")):
+                # Back to back, unsynchronised: the wall time per call is the larger of
+                # the host's and the GPU's time per call.
+                per_call, _ = per_call_us(fn, calls=100, rounds=5)
+                rows.append({**rows[-1], "layer": f"{name}, back to back",
+                             "median_us": round(per_call, 1), "min_us": None})
+                print(f"  d={head_dim:3d} {name + ', back to back':48s} {per_call:7.1f} us",
+                      flush=True)
         for name, median in backward_anatomy(head_dim).items():
             rows.append({"what": "host_cost_fwdbwd", "layer": f"backward anatomy: {name}",
                          "head_dim": head_dim, "shape": "B=16 H=16 N=1024 bf16 causal bhsd",
@@ -193,6 +229,9 @@ def main_fwdbwd(out_dir: str) -> int:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "host_cost_fwdbwd.jsonl"), "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
+    for head_dim in (64, 128):
+        with open(os.path.join(out_dir, f"host_cprofile_d{head_dim}.txt"), "w") as f:
+            f.write(cprofile_tables(head_dim))
     return 0
 
 
