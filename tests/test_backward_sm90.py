@@ -263,3 +263,50 @@ def test_dispatch_looks_up_the_bucket_of_the_longer_sequence():
         == table.get((128, False, 4096))
     assert backward_sm90.dispatch_config(q[..., :96], k[..., :96], layout="bshd",
                                          causal=True) is None  # no d = 96 bucket
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_direct_gluon_launches_equal_tritons_own_path(monkeypatch, head_dim):
+    # After its first compile a planned Gluon launch encodes the TMA descriptors itself and
+    # calls the C launcher (_sm90.PlannedGluonLaunch, _launch.CompiledLaunch.raw): the same
+    # kernels on the same inputs as Triton's own launch path, so bit-identical results.
+    from triton import knobs
+
+    from attnlab.kernels import _sm90, backward, forward, forward_sm90
+    from attnlab.kernels._launch import PlanCache
+
+    config = DEFAULT_CONFIGS[head_dim]
+    q, k, v = make_qkv(2, 6, 2, 300, 300, head_dim, torch.bfloat16, layout="bshd", seed=11)
+    dout = torch.randn_like(q)
+
+    def step():
+        # A new forward plan per call: its first launch goes direct once compiled.
+        out, lse = forward_sm90.plan_launch(q, k, v, layout="bshd", scale=0.1, causal=True,
+                                            config=forward_sm90.DEFAULT_CONFIGS[head_dim])(
+                                                q, k, v)
+        return (out, lse, *sm90_gradients(q, k, v, dout, layout="bshd", causal=True,
+                                          config=config))
+
+    monkeypatch.setattr(backward, "_PLANS", PlanCache())
+    step()  # compiles (or finds compiled) every kernel
+    direct = step()
+    planned = [p for p in backward._PLANS.plans.values() if p.sm90_dkdv is not None]
+    assert planned and all(p.sm90_dkdv.launch is not None for p in planned)  # went direct
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)  # a registered hook sees the launches
+    try:
+        hooked = step()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert any("dkdv_sm90" in m["name"] for m in seen)
+    monkeypatch.setattr(_sm90.PlannedGluonLaunch, "_go_direct", lambda self, n: False)
+    monkeypatch.setattr(backward, "_PLANS", PlanCache())
+    monkeypatch.setattr(forward, "_PLANS", PlanCache())
+    own = step()
+    for a, b, c in zip(direct, hooked, own, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    checks = check_gradients(direct[2:], q, k, v, dout, layout="bshd", scale=head_dim ** -0.5,
+                             causal=True)
+    assert all(c.passed for c in checks), checks

@@ -114,3 +114,23 @@ def test_the_launchers_plan_once_per_signature_and_replan_for_a_new_one():
     del q, k, v, dout, strided, first, again, other
     gc.collect()
     assert all(ref() is None for ref in alive)
+
+
+def test_launch_hooks_are_passed_only_while_one_is_registered():
+    from triton import knobs
+
+    from attnlab.kernels._launch import _hooks
+
+    if not hasattr(knobs.runtime.launch_enter_hook, "calls"):
+        pytest.skip("this Triton's launch hooks are not hook chains")
+    assert _hooks() == (None, None)  # the chains exist but are empty
+
+    def hook(metadata):
+        return None
+
+    knobs.runtime.launch_exit_hook.add(hook)
+    try:
+        assert _hooks() == (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    finally:
+        knobs.runtime.launch_exit_hook.remove(hook)
+    assert _hooks() == (None, None)

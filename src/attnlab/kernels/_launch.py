@@ -32,19 +32,100 @@ def int_class(value: int) -> tuple[bool, bool, bool]:
     return value == 1, value % 16 == 0, -2**31 <= value < 2**31
 
 
-def launch_compiled(compiled, grid: tuple[int, ...], bound_args: tuple) -> None:
-    """Triton 3.6's JITFunction.run after its cache lookup: the compiled kernel's
-    launcher with every parameter in signature order (the constexprs ride along; the
-    launcher skips them), the launch hooks honoured."""
+class CompiledLaunch:
+    """One compiled kernel launched through its C launcher (Triton 3.6).
+
+    ``CompiledKernel.run`` spends per launch what is fixed per kernel: it builds launch
+    metadata and calls the enter and exit hook chains even when they are empty, sizes
+    scratch buffers the kernel does not use, and (for TMA descriptor arguments) walks the
+    argument list in Python and re-encodes every descriptor.  On the H200's host that was
+    75 us of the Gluon dK/dV launch with six descriptors (session 7 run 1, cProfile).
+    ``__call__`` takes Triton's bound arguments and skips the empty hooks; ``raw`` takes
+    the C launcher's final arguments (descriptors already encoded, ``TmaSlot``) and
+    exists only where ``direct``: the kernel needs no scratch memory and its launcher
+    is the one this module knows how to call."""
+
+    def __init__(self, compiled) -> None:
+        run = compiled.run
+        c_launch = run.launch
+        if getattr(c_launch, "__name__", None) == "inner" and c_launch.__closure__:
+            # wrap_handle_tensordesc's wrapper: the C launcher is its ``launcher`` cell.
+            cells = zip(c_launch.__code__.co_freevars, c_launch.__closure__, strict=True)
+            c_launch = {name: cell.cell_contents for name, cell in cells}.get("launcher")
+        self.compiled, self.c_launch = compiled, c_launch
+        self.tensordesc_meta = tuple(getattr(compiled.metadata, "tensordesc_meta", None) or ())
+        self.direct = c_launch is not None and not (run.global_scratch_size
+                                                    or run.profile_scratch_size)
+        self.fixed = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None,
+                      None, compiled.packed_metadata)
+
+    def __call__(self, grid: tuple[int, ...], bound_args: tuple) -> None:
+        """Triton 3.6's JITFunction.run after its cache lookup, with every parameter in
+        signature order (the constexprs ride along; the launcher skips them)."""
+        if self.direct and not self.tensordesc_meta:
+            self.raw(grid, bound_args)
+            return
+        stream = _current_stream()
+        enter, exit_ = _hooks()
+        metadata = self.compiled.launch_metadata(grid, stream, *bound_args) if enter else None
+        grid = (*grid, 1, 1)
+        self.compiled.run(grid[0], grid[1], grid[2], stream, self.compiled.function,
+                          self.compiled.packed_metadata, metadata, enter, exit_, *bound_args)
+
+    def raw(self, grid: tuple[int, ...], final_args) -> None:
+        """The C launcher with its final arguments (``direct`` kernels only)."""
+        stream = _current_stream()
+        enter, exit_ = _hooks()
+        # Our kernels define no launch_metadata function, so Triton's metadata does not
+        # read the arguments: the final ones serve as well as the bound ones.
+        metadata = self.compiled.launch_metadata(grid, stream, *final_args) if enter else None
+        grid = (*grid, 1, 1)
+        self.c_launch(grid[0], grid[1], grid[2], stream, *self.fixed, metadata, enter, exit_,
+                      *final_args)
+
+
+def _current_stream() -> int:
     # Triton's own choice: the current device's current stream (torch.cuda.current_stream()
     # builds a Stream object, several microseconds per launch on the H200's host).
     active = driver.active
-    stream = active.get_current_stream(active.get_current_device())
+    return active.get_current_stream(active.get_current_device())
+
+
+def _hooks() -> tuple:
+    """The launch hook chains, or (None, None) while no hook is registered (a profiler
+    such as proton registers them): the C launcher then calls neither."""
     enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    metadata = compiled.launch_metadata(grid, stream, *bound_args) if enter else None
-    grid = (*grid, 1, 1)
-    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function,
-                 compiled.packed_metadata, metadata, enter, exit_, *bound_args)
+    if getattr(enter, "calls", True) or getattr(exit_, "calls", True):
+        return enter, exit_
+    return None, None
+
+
+class TmaSlot:
+    """One TMA descriptor argument of a planned launch, as the C launcher takes it: the
+    encoded CUtensorMap (``make_tensordesc_arg``'s work, from the compiled kernel's
+    descriptor metadata) and then the shape and strides.  Only the base pointer changes
+    per call; the last encoding is kept and reused while the pointer repeats (the
+    caching allocator hands a training loop the same addresses step after step)."""
+
+    __slots__ = ("fill", "encoding", "tail", "pointer", "encoded")
+
+    def __init__(self, shape, strides, padding: str, meta: dict) -> None:
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+        if meta.get("fp4_padded"):
+            raise ValueError("TmaSlot: fp4-padded descriptors are not supported")
+        self.fill = driver.active.utils.fill_tma_descriptor
+        self.encoding = (meta["swizzle"], meta["elem_size"],
+                         TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"],
+                         list(shape), list(strides), 1 if padding == "nan" else 0)
+        self.tail = (*shape, *strides)
+        self.pointer = self.encoded = None
+
+    def __call__(self, t: torch.Tensor):
+        pointer = t.data_ptr()
+        if pointer != self.pointer:
+            self.encoded, self.pointer = self.fill(pointer, *self.encoding), pointer
+        return self.encoded
 
 
 def _arg_class(value) -> object:
@@ -63,20 +144,21 @@ def _arg_class(value) -> object:
 def launch_cached(cache: dict, key: tuple, kernel, grid: tuple[int, ...], args: tuple,
                   meta: dict, **options) -> None:
     """``kernel[grid](*args, **meta, **options)`` the first time per ``key`` (what Triton
-    specialises on), the compiled kernel's own launcher after that.  ``args`` are the
+    specialises on), the compiled kernel's own launcher after that (``CompiledLaunch``,
+    kept in ``cache``).  ``args`` are the
     runtime parameters in signature order; ``meta`` names every constexpr parameter
     (plus launch options such as a Triton kernel's num_warps); ``options`` go to the
     first launch only (a Gluon kernel's maxnreg)."""
     constexprs = kernel.arg_names[len(args):]
-    compiled = cache.get(key)
-    if compiled is None:
+    launch = cache.get(key)
+    if launch is None:
         if not set(constexprs) <= meta.keys() or set(kernel.arg_names[:len(args)]) & meta.keys():
             raise RuntimeError("attnlab bug: a launch must pass the runtime parameters of "
                                f"{kernel.fn.__name__} by position and every constexpr one "
                                "by name")
-        cache[key] = kernel[grid](*args, **meta, **options)
+        cache[key] = CompiledLaunch(kernel[grid](*args, **meta, **options))
         return
-    launch_compiled(compiled, grid, (*args, *(meta[name] for name in constexprs)))
+    launch(grid, (*args, *(meta[name] for name in constexprs)))
 
 
 class TracedLauncher:

@@ -18,7 +18,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from attnlab.kernels._launch import launch_cached
+from attnlab.kernels._launch import CompiledLaunch, TmaSlot, launch_cached
 from attnlab.kernels._primitives import bhs_strides
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -133,18 +133,45 @@ class PlannedDescriptor:
 class PlannedGluonLaunch:
     """A Gluon kernel's launch for one call signature: ``(bases, tensors)`` re-bases the
     planned descriptors on ``bases`` and launches with ``tensors`` and the arguments the
-    plan fixed after them, under the plan's specialisation ``key`` (``launch_cached``)."""
+    plan fixed after them, under the plan's specialisation ``key`` (``launch_cached``).
+    Once the kernel is compiled (and where ``CompiledLaunch.direct``), later calls encode
+    the descriptors themselves (``TmaSlot``) and call the C launcher with the final
+    arguments."""
 
     def __init__(self, cache: dict, kernel, grid: tuple[int, ...], descriptors: tuple,
                  static: tuple, constexprs: dict, key: tuple, maxnreg: int) -> None:
         self.cache, self.kernel, self.grid, self.descriptors = cache, kernel, grid, descriptors
         self.static, self.constexprs, self.key, self.maxnreg = static, constexprs, key, maxnreg
+        self.launch = self.slots = self.tail = None
 
     def __call__(self, bases: tuple, tensors: tuple) -> None:
-        args = (*(planned(t) for planned, t in zip(self.descriptors, bases, strict=True)),
-                *tensors, *self.static)
-        launch_cached(self.cache, self.key, self.kernel, self.grid, args, self.constexprs,
-                      maxnreg=self.maxnreg)
+        if self.launch is None and not self._go_direct(len(tensors)):
+            args = (*(planned(t) for planned, t in zip(self.descriptors, bases, strict=True)),
+                    *tensors, *self.static)
+            launch_cached(self.cache, self.key, self.kernel, self.grid, args, self.constexprs,
+                          maxnreg=self.maxnreg)
+            return
+        args = []
+        for slot, t in zip(self.slots, bases, strict=True):
+            args.append(slot(t))
+            args.extend(slot.tail)
+        self.launch.raw(self.grid, (*args, *tensors, *self.tail))
+
+    def _go_direct(self, num_tensors: int) -> bool:
+        """Switch to the direct path once the kernel is compiled under this key."""
+        launch = self.cache.get(self.key)
+        if not (isinstance(launch, CompiledLaunch) and launch.direct
+                and len(launch.tensordesc_meta) == len(self.descriptors)):
+            return False
+        self.slots = tuple(TmaSlot(d.fields["shape"], d.fields["strides"], d.fields["padding"],
+                                   meta)
+                           for d, meta in zip(self.descriptors, launch.tensordesc_meta,
+                                              strict=True))
+        runtime = len(self.descriptors) + num_tensors + len(self.static)
+        self.tail = (*self.static,
+                     *(self.constexprs[name] for name in self.kernel.arg_names[runtime:]))
+        self.launch = launch
+        return True
 
 
 @functools.cache

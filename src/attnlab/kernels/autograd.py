@@ -177,6 +177,9 @@ class _EagerFlashAttention(torch.autograd.Function):
     def forward(ctx, *inputs):
         output = _flash_fwd(*inputs)
         _setup_forward_context(ctx, inputs, output)
+        # An unused LSE's gradient arrives as None, not as zeros the engine would
+        # allocate and fill on every step (and the backward then read as dLSE).
+        ctx.set_materialize_grads(False)
         return output
 
     @staticmethod
