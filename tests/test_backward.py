@@ -520,7 +520,7 @@ def test_gpu_query_side_tensors_past_2_31_elements():
 # ---------------------------------------------------------------------------
 # GPU: torch.compile sees the Triton kernels themselves (triton_op, issue #15).
 
-KERNEL_NAMES = ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq")
+KERNEL_NAMES = ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq")
 
 
 def _compiled_and_eager(q, k, v, dout, **compile_options):

@@ -108,10 +108,10 @@ def test_the_dispatch_table_names_only_valid_configs():
 @pytest.mark.skipif(not torch.cuda.is_available() and not kernel_is_interpreted(),
                     reason="the Triton kernels need a CUDA GPU or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
-def test_the_preprocess_pads_lse_and_d_for_the_gluon_kernel(monkeypatch, layout):
+def test_the_dq_kernel_writes_lse_and_d_for_the_gluon_kernel(monkeypatch, layout):
     # The Gluon kernel has no interpreter path: its launch is replaced by one that keeps
-    # the descriptors it was given, so what the preprocess wrote into them (and dQ, which
-    # the Triton kernel computes from the padded D) is checked on the CPU.
+    # the descriptors it was given, so what the dQ kernel (launched first) wrote into them
+    # is checked on the CPU, and dQ is the all-Triton backward's.
     from attnlab.kernels import _sm90 as sm90_host
     from attnlab.kernels import backward, backward_sm90
     from attnlab.kernels.forward import flash_forward
@@ -141,19 +141,19 @@ def test_the_preprocess_pads_lse_and_d_for_the_gluon_kernel(monkeypatch, layout)
     assert torch.equal(dq, dq_triton)
 
     lse_desc, delta_desc = launched[0][4:6]
-    padded = backward_sm90.padded_seqlen(seqlen_q, config)
+    padded = backward_sm90.padded_seqlen(seqlen_q)
+    assert padded == 72
     for desc in (lse_desc, delta_desc):
-        assert desc.shape == [2, 6, padded] and desc.block_shape == [1, 1, 128]
+        # TMA reads the first seqlen_q entries of each padded row and zero-fills the rest.
+        assert desc.base.shape == (2, 6, padded) and desc.shape == [2, 6, seqlen_q]
+        assert desc.strides == [6 * padded, padded, 1] and desc.block_shape == [1, 1, 128]
     lse_log2, delta = lse_desc.base, delta_desc.base
     seq_dim = 1 if layout == "bshd" else 2
     rowsum = (out.float() * dout.float()).sum(-1).movedim(seq_dim, -1)
     torch.testing.assert_close(delta[..., :seqlen_q], rowsum)
     expected = torch.where(lse == float("-inf"), float("inf"), lse * math.log2(math.e))
     torch.testing.assert_close(lse_log2[..., :seqlen_q], expected)
-    assert torch.all(lse_log2[..., :50] == float("inf"))
-    # The padding rows contribute nothing: P = exp2(s - inf) = 0 and D = 0.
-    assert torch.all(lse_log2[..., seqlen_q:] == float("inf"))
-    assert torch.all(delta[..., seqlen_q:] == 0)
+    assert torch.all(lse_log2[..., :50] == float("inf"))  # no key: P = exp2(s - inf) = 0
 
 
 @built_here

@@ -103,12 +103,14 @@ def descriptor_parts(t: torch.Tensor, layout: str, rows: int) -> tuple:
             box_layout((1, 1, rows, head_dim), t.dtype))
 
 
-def row_stat_descriptor_parts(t: torch.Tensor, rows: int) -> tuple:
+def row_stat_descriptor_parts(t: torch.Tensor, length: int, rows: int) -> tuple:
     """``descriptor_parts`` for a per-row statistic (LSE, D) held as a contiguous
-    (batch, head, sequence) fp32 tensor, with a box of ``rows`` rows of one (batch, head).
-    TMA needs 16-byte strides and a box row of a multiple of 16 bytes: sequence length
-    and ``rows`` multiples of 4."""
-    return list(t.shape), list(t.stride()), [1, 1, rows], box_layout((1, 1, rows), t.dtype)
+    (batch, head, padded sequence) fp32 tensor: the first ``length`` entries of each
+    (batch, head) row, with a box of ``rows`` of them; TMA zero-fills the box past
+    ``length``, so the padding is never read.  TMA needs 16-byte strides and a box row of
+    a multiple of 16 bytes: a padded length and ``rows`` that are multiples of 4."""
+    return ([*t.shape[:2], length], list(t.stride()), [1, 1, rows],
+            box_layout((1, 1, rows), t.dtype))
 
 
 class PlannedDescriptor:

@@ -1,4 +1,4 @@
-"""FlashAttention-2 backward in Triton: three kernels and their launcher.
+"""FlashAttention-2 backward in Triton: two kernels and their launcher.
 
 FA-2 (Dao 2023) Algorithm 2 recomputes S and P tile by tile from Q, K and the
 saved LSE instead of reading an N x N matrix back from HBM: the lesson's trade of
@@ -6,16 +6,18 @@ FLOPs for bandwidth.  With P_ij = exp(S_ij - LSE_i) and D_i = rowsum(dO ∘ O)_i
 
     dV = P^T dO,   dP = dO V^T,   dS = P ∘ (dP - D),   dQ = scale dS K,   dK = scale dS^T Q.
 
-The work is split three ways, none of which uses atomics, so every run gives
+The work is split two ways, neither of which uses atomics, so every run gives
 bit-identical dQ, dK and dV (``deterministic=True`` therefore changes nothing):
 
-* ``_attn_bwd_preprocess``: D = rowsum(dO ∘ O) in fp32 (minus dLSE when the
-  LSE output itself was differentiated: d LSE_i / d S_ij = P_ij folds into D); for the
-  Gluon dK/dV kernel also LSE in log2 units, both padded to its query tiles;
+* ``_attn_bwd_dq`` (launched first): one program owns ``BLOCK_M`` query rows and
+  streams K/V tiles.  It forms its rows' D = rowsum(dO ∘ O) in fp32 (minus dLSE when
+  the LSE output itself was differentiated: d LSE_i / d S_ij = P_ij folds into D) and
+  stores D, and for the Gluon dK/dV kernel LSE in log2 units, for the kernel after it:
+  no separate preprocess launch (one launch less per step, which counts at short
+  sequences where the host's time per step is the bound);
 * ``_attn_bwd_dkdv``: one program owns ``BLOCK_N`` keys of one KV head and streams
   the query tiles of **every query head of its GQA group** past them, so dK and dV
-  are summed in registers, never through atomics or an expanded K/V;
-* ``_attn_bwd_dq``: one program owns ``BLOCK_M`` query rows and streams K/V tiles.
+  are summed in registers, never through atomics or an expanded K/V.
 
 Masking follows the forward: the skip bound drops tiles wholly outside the band
 (``_q_band_bounds`` / ``_kv_band_bounds`` in ``_primitives``), band-edge and ragged
@@ -90,62 +92,6 @@ def _row_stats(lse_base, delta_base, offs_m, seqlen_q, MASKED: tl.constexpr):
         lse = tl.load(lse_base + offs_m)
         delta = tl.load(delta_base + offs_m)
     return _lse_log2(lse), delta
-
-
-# ---------------------------------------------------------------------------
-# Preprocess: D = rowsum(dO ∘ O), and LSE in log2 units for the sm_90 dK/dV kernel
-# ---------------------------------------------------------------------------
-
-@triton.jit(do_not_specialize=["num_heads", "seqlen_q", "seqlen_pad", "num_m_blocks"])
-def _attn_bwd_preprocess(
-    # pointers
-    O, DO, LSE, DLSE, DELTA, LSE_LOG2, CU_SEQLENS_Q,
-    # strides (batch, head, seq) of O and dO; (batch, head) of LSE and dLSE, of D and
-    # LSE_LOG2
-    stride_ob, stride_oh, stride_om,
-    stride_dob, stride_doh, stride_dom,
-    stride_lseb, stride_lseh,
-    stride_deltab, stride_deltah,
-    # sizes: D's rows run to seqlen_pad >= seqlen_q (dense calls only)
-    num_heads, seqlen_q, seqlen_pad, num_m_blocks,
-    # meta-parameters
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-    HAS_DLSE: tl.constexpr, WRITE_LSE_LOG2: tl.constexpr, IS_VARLEN: tl.constexpr,
-):
-    # 1-D grids throughout (blocks of one head adjacent, as in the forward): batch * heads
-    # is not held to CUDA's 65,535 limit on a grid's second axis.
-    start_m = tl.program_id(0) % num_m_blocks * BLOCK_M
-    off_bh = tl.program_id(0) // num_m_blocks
-    off_b = off_bh // num_heads
-    off_h = (off_bh % num_heads).to(tl.int64)
-    q_start = tl.zeros([], dtype=tl.int32)
-    if IS_VARLEN:
-        q_start = tl.load(CU_SEQLENS_Q + off_b)
-        seqlen_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_start
-        seqlen_pad = seqlen_q  # packed sequences: padding would overwrite the next one
-    if start_m >= seqlen_pad:
-        return
-    off_b = off_b.to(tl.int64)
-    rows = (q_start + start_m).to(tl.int64)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    o = _load_kv_tile(O + off_b * stride_ob + off_h * stride_oh + rows * stride_om, stride_om, 0,
-                      offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True)
-    do = _load_kv_tile(DO + off_b * stride_dob + off_h * stride_doh + rows * stride_dom, stride_dom,
-                       0, offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True)
-    # Rows past seqlen_q (padding) read O = dO = 0: D = 0 there, so their dS is 0.
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    offs_m = tl.arange(0, BLOCK_M)
-    stat_offset = off_b * stride_lseb + off_h * stride_lseh + rows + offs_m
-    out_offset = off_b * stride_deltab + off_h * stride_deltah + rows + offs_m
-    in_range = offs_m < seqlen_q - start_m
-    stored = offs_m < seqlen_pad - start_m
-    if HAS_DLSE:
-        delta -= tl.load(DLSE + stat_offset, mask=in_range, other=0.0)
-    tl.store(DELTA + out_offset, delta, mask=stored)
-    if WRITE_LSE_LOG2:
-        # Padding rows as rows without keys: +inf, P = 0.
-        lse = tl.load(LSE + stat_offset, mask=in_range, other=float("-inf"))
-        tl.store(LSE_LOG2 + out_offset, _lse_log2(lse), mask=stored)
 
 
 # ---------------------------------------------------------------------------
@@ -348,12 +294,14 @@ def _dq_tiles(
 @triton.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k",
                                "num_m_blocks", "window_left", "window_right"])
 def _attn_bwd_dq(
-    # pointers
-    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
-    # strides (batch, head, seq); the head dim is unit-stride
+    # pointers; DELTA (and LSE_LOG2) are written here, for the dK/dV kernel after this one
+    Q, K, V, O, DO, LSE, DLSE, DELTA, LSE_LOG2, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
+    # strides (batch, head, seq); the head dim is unit-stride.  (batch, head) of LSE and
+    # dLSE, and of D and LSE_LOG2
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
     stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
     stride_lseb, stride_lseh, stride_deltab, stride_deltah,
@@ -367,6 +315,7 @@ def _attn_bwd_dq(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     IS_VARLEN: tl.constexpr, REVERSE_M: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    HAS_DLSE: tl.constexpr, WRITE_LSE_LOG2: tl.constexpr,
 ):
     # fp32 scalars whoever launches (Inductor passes fp64), as in forward._attn_fwd.
     qk_scale, softcap_log2 = tl.cast(qk_scale, tl.float32), tl.cast(softcap_log2, tl.float32)
@@ -401,10 +350,21 @@ def _attn_bwd_dq(
     do = _load_kv_tile(DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom,
                        stride_dom, 0, offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD,
                        True)
-    lse_base = LSE + off_b * stride_lseb + off_h * stride_lseh + q_start
-    delta_base = DELTA + off_b * stride_deltab + off_h * stride_deltah + q_start
-    # Padded rows read LSE = D = 0 and q = dO = 0: their dS is 0 and they are not stored.
-    lse_log2, delta = _row_stats(lse_base, delta_base, offs_m, seqlen_q, True)
+    o = _load_kv_tile(O + off_b * stride_ob + off_h * stride_oh + q_rows * stride_om, stride_om, 0,
+                      offs_d, seqlen_q - start_m, BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, True)
+    # This block's rows of D = rowsum(dO ∘ O) (minus dLSE) and of LSE in log2 units: used
+    # here and stored for the dK/dV kernel, which runs after this one.  Rows past seqlen_q
+    # read q = O = dO = 0 and LSE = 0: their dS is 0 and nothing of them is stored.
+    stat_offset = off_b * stride_lseb + off_h * stride_lseh + q_start + offs_m
+    out_offset = off_b * stride_deltab + off_h * stride_deltah + q_start + offs_m
+    in_range = offs_m < seqlen_q
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + stat_offset, mask=in_range, other=0.0)
+    lse_log2 = _lse_log2(tl.load(LSE + stat_offset, mask=in_range, other=0.0))
+    tl.store(DELTA + out_offset, delta, mask=in_range)
+    if WRITE_LSE_LOG2:
+        tl.store(LSE_LOG2 + out_offset, lse_log2, mask=in_range)
     k_base = K + off_b * stride_kb + off_hk * stride_kh + k_rows * stride_kn
     v_base = V + off_b * stride_vb + off_hk * stride_vh + k_rows * stride_vn
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
@@ -486,8 +446,7 @@ def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 
 
 # One direct launcher per kernel: the compiled kernels it keeps outlive the calls.
-_PREPROCESS, _DKDV, _DQ = (DirectLauncher(kernel) for kernel in (
-    _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq))
+_DKDV, _DQ = DirectLauncher(_attn_bwd_dkdv), DirectLauncher(_attn_bwd_dq)
 # Backward plans by call signature (kernels/_launch.PlanCache).
 _PLANS = PlanCache()
 
@@ -576,8 +535,7 @@ def flash_backward(
     if launch_is_traced(q):
         # Traced, each launch must be a graph node (wrap_triton's HOP) for Inductor, as in
         # attnlab.kernels.forward.flash_forward.
-        launchers = (TracedLauncher(wrap_triton(_attn_bwd_preprocess)),
-                     TracedLauncher(wrap_triton(_attn_bwd_dkdv)),
+        launchers = (TracedLauncher(wrap_triton(_attn_bwd_dkdv)),
                      TracedLauncher(wrap_triton(_attn_bwd_dq)))
         plan = _plan_backward(*tensors, launchers=launchers, **options)
     else:
@@ -585,39 +543,39 @@ def flash_backward(
         # signature (kernels/_launch), skipping the choices below.
         key = (*options.values(), q.device, tensor_key(*tensors))
         plan = _PLANS.get(key, lambda: _plan_backward(
-            *tensors, launchers=(_PREPROCESS, _DKDV, _DQ), **options))
+            *tensors, launchers=(_DKDV, _DQ), **options))
     return plan(*tensors)
 
 
 class _BackwardPlan:
-    """The three launches for one call signature: D (and, for the Gluon dK/dV kernel, LSE
-    in log2 units), then dK/dV (the Triton kernel's ``PlannedLaunch`` or the Gluon one's),
-    then dQ.  A call allocates dQ, dK, dV and D (``delta_shape``: LSE's, or padded to the
-    Gluon kernel's query tiles), copies an expanded dO where the Gluon kernel reads it
-    through TMA, and launches."""
+    """The two launches for one call signature: dQ, which also writes D (and, for the
+    Gluon dK/dV kernel, LSE in log2 units) for its query rows, then dK/dV (the Triton
+    kernel's ``PlannedLaunch`` or the Gluon one's).  A call allocates dQ, dK, dV and D
+    (``delta_shape``: LSE's, or with rows padded to a multiple of 4 for the Gluon
+    kernel's TMA copies), copies an expanded dO where the Gluon kernel reads it through
+    TMA, and launches."""
 
-    def __init__(self, preprocess, dkdv, sm90_dkdv, dq, copy_dout: bool,
+    def __init__(self, dkdv, sm90_dkdv, dq, copy_dout: bool,
                  delta_shape: tuple[int, ...]) -> None:
-        self.preprocess, self.dkdv, self.sm90_dkdv, self.dq = preprocess, dkdv, sm90_dkdv, dq
+        self.dkdv, self.sm90_dkdv, self.dq = dkdv, sm90_dkdv, dq
         self.copy_dout, self.delta_shape = copy_dout, delta_shape
 
     def __call__(self, q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k):
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         delta = torch.empty(self.delta_shape, dtype=torch.float32, device=lse.device)
+        lse_log2 = None if self.sm90_dkdv is None else torch.empty_like(delta)
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         # Unused pointer arguments still need a tensor; the constexpr switch keeps them unread.
         cu_q = lse if cu_seqlens_q is None else cu_seqlens_q
         cu_k = lse if cu_seqlens_k is None else cu_seqlens_k
-        lse_log2 = None if self.sm90_dkdv is None else torch.empty_like(delta)
-        self.preprocess(out, dout, lse, lse if dlse is None else dlse, delta,
-                        delta if lse_log2 is None else lse_log2, cu_q)
+        self.dq(q, k, v, out, dout, lse, lse if dlse is None else dlse, delta,
+                delta if lse_log2 is None else lse_log2, dq, cu_q, cu_k)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         if self.sm90_dkdv is not None:
             self.sm90_dkdv((k, v, q, dout.contiguous() if self.copy_dout else dout, lse_log2,
                             delta), (dk, dv))
         else:
             self.dkdv(q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k)
-        self.dq(q, k, v, dout, lse, delta, dq, cu_q, cu_k)
         return dq, dk, dv
 
 
@@ -667,12 +625,12 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     # dQ, dK, dV are allocated contiguous in the layout of q, k, v.
     dq_strides, dk_strides = (bhs_strides(torch.empty(t.shape, device="meta"), layout)
                               for t in (q, k))
-    preprocess_launcher, dkdv_launcher, dq_launcher = launchers
+    dkdv_launcher, dq_launcher = launchers
     group_size = num_heads // num_kv_heads
     dkdv = sm90_dkdv = None
     copy_dout = False
-    # The Gluon kernel copies D's rows (and LSE's in log2 units) by TMA, whole query
-    # tiles at a time: there they are padded.
+    # The Gluon kernel copies D's rows (and LSE's in log2 units) by TMA, which needs their
+    # row stride padded to 16 bytes.
     seqlen_pad = seqlen_q
     if sm90 is not None:
         from attnlab.kernels.backward_sm90 import padded_seqlen, plan_launch
@@ -680,7 +638,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
         sm90_config, copy_dout, kernel_dout = sm90
         sm90_dkdv = plan_launch(q, k, v, kernel_dout, layout=layout, scale=scale,
                                 causal=causal, config=sm90_config)
-        seqlen_pad = padded_seqlen(seqlen_q, sm90_config)
+        seqlen_pad = padded_seqlen(seqlen_q)
     # D is a fresh contiguous (batch, heads, seqlen_pad) tensor; varlen's has LSE's shape.
     if is_varlen:
         delta_shape, delta_strides = tuple(lse.shape), stat_strides
@@ -688,12 +646,6 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
         delta_shape = (batch, num_heads, seqlen_pad)
         delta_strides = (num_heads * seqlen_pad, seqlen_pad)
     q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
-    stat_blocks = triton.cdiv(seqlen_pad, config.dq_block_m)
-    preprocess = PlannedLaunch(preprocess_launcher, (stat_blocks * batch * num_heads,), (
-        *bhs_strides(out, layout), *bhs_strides(dout, layout), *stat_strides, *delta_strides,
-        num_heads, seqlen_q, seqlen_pad, stat_blocks,
-    ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=config.dq_block_m,
-            HAS_DLSE=has_dlse, WRITE_LSE_LOG2=sm90 is not None, IS_VARLEN=is_varlen))
     if sm90 is None:
         kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
         dkdv = PlannedLaunch(dkdv_launcher, (kv_blocks * batch * num_kv_heads,), (
@@ -705,9 +657,10 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
                 num_warps=config.num_warps, num_stages=config.num_stages))
     dq = PlannedLaunch(dq_launcher, (q_blocks * batch * num_heads,), (
         *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
-        *bhs_strides(dout, layout), *dq_strides, *stat_strides, *delta_strides,
-        num_heads, group_size, seqlen_q, seqlen_k, q_blocks, *scalars,
+        *bhs_strides(out, layout), *bhs_strides(dout, layout), *dq_strides, *stat_strides,
+        *delta_strides, num_heads, group_size, seqlen_q, seqlen_k, q_blocks, *scalars,
     ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,
+            HAS_DLSE=has_dlse, WRITE_LSE_LOG2=sm90 is not None,
             num_warps=config.num_warps, num_stages=config.num_stages))
-    return _BackwardPlan(preprocess, dkdv, sm90_dkdv, dq, copy_dout, delta_shape)
+    return _BackwardPlan(dkdv, sm90_dkdv, dq, copy_dout, delta_shape)

@@ -22,9 +22,9 @@ atomics, deterministic), with three partitions:
   dV runs; issue dK += dS^T Q_j.  The two warpgroups are separate partitions, so
   one's exponentials run under the other's GEMMs (the forward's attempt-11 lesson).
 
-dQ is the Triton dQ kernel's job (kernels/backward.py), as is D = rowsum(dO ∘ O).  Its
-preprocess also writes LSE in log2 units for this kernel, and both rows padded to whole
-query tiles (``padded_seqlen``) so TMA can copy them: LSE and D then come from shared
+dQ is the Triton dQ kernel's job (kernels/backward.py), as is D = rowsum(dO ∘ O): that
+kernel runs first and also writes LSE in log2 units for this one, both in rows padded to
+a multiple of 4 (``padded_seqlen``, TMA's 16-byte strides): LSE and D then come from shared
 memory where P and dS need them, instead of sitting in registers replicated across the
 threads of a column for the whole tile (16 each at 64-row tiles; with them there, 64-row
 tiles at d = 128 spilled).
@@ -32,9 +32,10 @@ tiles at d = 128 spilled).
 Masking: bottom-right causal only (windows and softcap stay on the Triton kernel).
 Query tiles wholly above the band are never loaded (the forward's skip bound, seen
 from the keys' side); tiles crossing the diagonal run the element mask; the rest run
-unmasked.  Rows past ``seqlen_q`` need no mask: TMA zero-fills their Q and dO, and the
-preprocess wrote their LSE as +inf and their D as 0, so P = 0 and dS = 0 there.  Keys
-past ``seqlen_k`` are the block's padding, computed and never stored.
+unmasked.  Rows past ``seqlen_q`` need no mask: TMA zero-fills their Q, dO, LSE and D,
+so there S = 0, P = 1, dP = 0 and dS = P (dP - D) = 0, and with dO = Q = 0 they add
+nothing to dV or dK.  Keys past ``seqlen_k`` are the block's padding, computed and never
+stored.
 """
 
 from __future__ import annotations
@@ -258,8 +259,7 @@ def _producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_s
             tma.async_copy_global_to_shared(
                 do_desc, [off_b, off_h, start_m, 0], ready.index(stage),
                 do_smem.index(stage)._reinterpret(dtype, q_box, q_box_layout))
-            # Whole rows of the padded buffers (start_m is a multiple of BLOCK_M): the
-            # padding's +inf / 0 come from the preprocess, not from TMA's zero fill.
+            # Past seqlen_q TMA zero-fills LSE and D, as it does Q and dO.
             tma.async_copy_global_to_shared(
                 lse_desc, [off_b, off_h, start_m], ready.index(stage),
                 lse_smem.index(stage)._reinterpret(gl.float32, row_box, row_box_layout))
@@ -275,7 +275,8 @@ def _producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_s
 def _attn_bwd_dkdv_sm90(
     # TMA descriptors (host-built, 4-D: batch, head, sequence, head dim)
     k_desc, v_desc, q_desc, do_desc,
-    # TMA descriptors of LSE (log2 units) and D, (batch, heads, padded_seqlen) fp32
+    # TMA descriptors of LSE (log2 units) and D: (batch, heads, seqlen_q) fp32 views of
+    # rows padded to padded_seqlen
     lse_desc, delta_desc,
     # dK, dV with (batch, head, seq) strides
     DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
@@ -379,10 +380,10 @@ def shared_memory_bytes(head_dim: int, config: Sm90BackwardConfig, itemsize: int
     return tiles * itemsize + rows + 8 * (1 + 2 * config.stages) + 512
 
 
-def padded_seqlen(seqlen_q: int, config: Sm90BackwardConfig) -> int:
-    """The length of the LSE and D rows this kernel reads: whole query tiles, so every
-    TMA box lies inside the buffer (and its row stride is a multiple of 16 bytes)."""
-    return triton.cdiv(seqlen_q, config.block_m) * config.block_m
+def padded_seqlen(seqlen_q: int) -> int:
+    """The row length of the LSE and D buffers this kernel reads: a multiple of 4 fp32,
+    so the row stride is a multiple of 16 bytes as TMA needs (the padding is unread)."""
+    return triton.cdiv(seqlen_q, 4) * 4
 
 
 def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: torch.dtype,
@@ -433,9 +434,10 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     grid = (num_kv_blocks * batch * num_kv_heads,)
     # dK and dV are allocated contiguous in the layout of k and v.
     out_strides = 2 * bhs_strides(torch.empty(k.shape, device="meta"), layout)
-    rows = torch.empty((batch, num_heads, padded_seqlen(seqlen_q, config)),
-                       dtype=torch.float32, device="meta")
-    row_descriptor = PlannedDescriptor(rows, row_stat_descriptor_parts(rows, config.block_m))
+    rows = torch.empty((batch, num_heads, padded_seqlen(seqlen_q)), dtype=torch.float32,
+                       device="meta")
+    row_descriptor = PlannedDescriptor(rows, row_stat_descriptor_parts(rows, seqlen_q,
+                                                                       config.block_m))
     descriptors = (PlannedDescriptor(k, descriptor_parts(k, layout, KEYS_PER_WARPGROUP)),
                    PlannedDescriptor(v, descriptor_parts(v, layout, KEYS_PER_WARPGROUP)),
                    PlannedDescriptor(q, descriptor_parts(q, layout, config.block_m)),
@@ -475,7 +477,7 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
     kv_type = mangle_type(descriptor(example, "bshd", KEYS_PER_WARPGROUP))
     q_type = mangle_type(descriptor(example, "bshd", config.block_m))
     rows = torch.empty((1, 1, 256), dtype=torch.float32, device="meta")
-    row_type = mangle_type(TensorDescriptor(rows, *row_stat_descriptor_parts(rows,
+    row_type = mangle_type(TensorDescriptor(rows, *row_stat_descriptor_parts(rows, 256,
                                                                              config.block_m)))
     signature = {"k_desc": kv_type, "v_desc": kv_type, "q_desc": q_type, "do_desc": q_type,
                  "lse_desc": row_type, "delta_desc": row_type,
