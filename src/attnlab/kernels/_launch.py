@@ -145,10 +145,9 @@ def launch_cached(cache: dict, key: tuple, kernel, grid: tuple[int, ...], args: 
                   meta: dict, **options) -> None:
     """``kernel[grid](*args, **meta, **options)`` the first time per ``key`` (what Triton
     specialises on), the compiled kernel's own launcher after that (``CompiledLaunch``,
-    kept in ``cache``).  ``args`` are the
-    runtime parameters in signature order; ``meta`` names every constexpr parameter
-    (plus launch options such as a Triton kernel's num_warps); ``options`` go to the
-    first launch only (a Gluon kernel's maxnreg)."""
+    kept in ``cache``).  ``args`` are the runtime parameters in signature order; ``meta``
+    names every constexpr parameter (plus launch options such as a Triton kernel's
+    num_warps); ``options`` go to the first launch only (a Gluon kernel's maxnreg)."""
     constexprs = kernel.arg_names[len(args):]
     launch = cache.get(key)
     if launch is None:

@@ -116,8 +116,7 @@ class BackwardConfig:
 
     dK/dV kernel: one program owns ``dkdv_block_n`` keys and streams query tiles of
     ``dkdv_block_m`` rows past them; dQ kernel: one program owns ``dq_block_m`` query
-    rows and streams key tiles of ``dq_block_n``.  The delta preprocess uses
-    ``dq_block_m`` rows per program.
+    rows and streams key tiles of ``dq_block_n`` (and forms D for those rows).
     """
 
     dkdv_block_m: int
