@@ -47,12 +47,7 @@ import os
 import sys
 import time
 
-# Inductor compiles FlexAttention in this process, not in a pool of worker processes:
-# the pool's workers otherwise keep CPU cores busy while the next providers' calls are
-# timed, and at N = 1k those calls are bound by the host's time per step (NOTES B13).
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-
-import torch  # noqa: E402 - after the compile-threads setting it reads
+import torch
 
 from attnlab.accuracy import check_gradients
 from attnlab.kernels import configs as config_table
