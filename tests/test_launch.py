@@ -8,9 +8,11 @@ import weakref
 
 import pytest
 import torch
+import triton
 
 from attention_inputs import make_qkv
 from attnlab.kernels._launch import (
+    DIRECT_LAUNCH_TRITON,
     DirectLauncher,
     PlanCache,
     _arg_class,
@@ -134,3 +136,37 @@ def test_launch_hooks_are_passed_only_while_one_is_registered():
     finally:
         knobs.runtime.launch_exit_hook.remove(hook)
     assert _hooks() == (None, None)
+
+
+@pytest.mark.skipif(triton.__version__ not in DIRECT_LAUNCH_TRITON,
+                    reason=f"the direct launch path is for Triton {DIRECT_LAUNCH_TRITON}")
+def test_compiled_launch_finds_the_c_launcher_under_tritons_descriptor_wrapper():
+    # CompiledLaunch reads the C launcher out of wrap_handle_tensordesc's closure and
+    # calls it with final arguments: checked here against this Triton's own wrapper
+    # (no GPU needed), so an internal rename shows up as a failure, not as a slow path.
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+    from attnlab.kernels._launch import CompiledLaunch
+
+    calls = []
+
+    def c_launcher(*args):
+        calls.append(args)
+
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [64, 64],
+            "fp4_padded": False}
+    wrapped = wrap_handle_tensordesc(c_launcher, {0: "tensordesc<bf16[64,64]>", 1: "*bf16"},
+                                     [meta])
+    assert wrapped is not c_launcher
+    run = SimpleNamespace(launch=wrapped, global_scratch_size=0, profile_scratch_size=0,
+                          launch_cooperative_grid=False, launch_pdl=False)
+    compiled = SimpleNamespace(run=run, metadata=SimpleNamespace(tensordesc_meta=[meta]),
+                               function=7, packed_metadata=(4, 1, 0))
+    launch = CompiledLaunch(compiled)
+    assert launch.c_launch is c_launcher and launch.direct
+    assert launch.tensordesc_meta == (meta,)
+    # With scratch memory to allocate, Triton's own path stays in charge.
+    run.global_scratch_size = 128
+    assert not CompiledLaunch(compiled).direct
