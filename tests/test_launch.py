@@ -170,3 +170,21 @@ def test_compiled_launch_finds_the_c_launcher_under_tritons_descriptor_wrapper()
     # With scratch memory to allocate, Triton's own path stays in charge.
     run.global_scratch_size = 128
     assert not CompiledLaunch(compiled).direct
+
+
+def test_a_tma_slot_encodes_again_only_for_a_new_pointer():
+    from attnlab.kernels._launch import TmaSlot
+
+    encoded = []
+
+    def fill(pointer, *encoding):
+        encoded.append(pointer)
+        return ("map", pointer, encoding)
+
+    slot = object.__new__(TmaSlot)  # __init__ asks the CUDA driver for its encoder
+    slot.fill, slot.encoding, slot.tail, slot.last = fill, ("swizzle",), (4, 1), (None, None)
+    a, b = torch.zeros(8), torch.zeros(8)
+    assert slot(a) == ("map", a.data_ptr(), ("swizzle",))
+    assert slot(a) == ("map", a.data_ptr(), ("swizzle",))
+    assert slot(b)[1] == b.data_ptr() and slot(a)[1] == a.data_ptr()
+    assert encoded == [a.data_ptr(), b.data_ptr(), a.data_ptr()]

@@ -107,7 +107,7 @@ class TmaSlot:
     per call; the last encoding is kept and reused while the pointer repeats (the
     caching allocator hands a training loop the same addresses step after step)."""
 
-    __slots__ = ("fill", "encoding", "tail", "pointer", "encoded")
+    __slots__ = ("fill", "encoding", "tail", "last")
 
     def __init__(self, shape, strides, padding: str, meta: dict) -> None:
         from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
@@ -119,13 +119,17 @@ class TmaSlot:
                          TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"],
                          list(shape), list(strides), 1 if padding == "nan" else 0)
         self.tail = (*shape, *strides)
-        self.pointer = self.encoded = None
+        self.last = (None, None)  # (pointer, its encoding)
 
     def __call__(self, t: torch.Tensor):
         pointer = t.data_ptr()
-        if pointer != self.pointer:
-            self.encoded, self.pointer = self.fill(pointer, *self.encoding), pointer
-        return self.encoded
+        # One read and one write of ``last``: threads launching through the same plan
+        # each get the encoding of their own pointer.
+        last = self.last
+        if last[0] != pointer:
+            last = (pointer, self.fill(pointer, *self.encoding))
+            self.last = last
+        return last[1]
 
 
 def _arg_class(value) -> object:
