@@ -16,7 +16,6 @@ import weakref
 
 import pytest
 import torch
-import triton
 
 from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.accuracy import check_gradients
@@ -29,11 +28,7 @@ from attnlab.kernels.backward_sm90 import (
     refusal,
     supports,
 )
-
-on_sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not on_sm90, reason="needs an sm_90 (Hopper) GPU")
-built_here = pytest.mark.skipif(triton.__version__ not in BUILT_FOR_TRITON,
-                                reason=f"the kernel is built for Triton {BUILT_FOR_TRITON}")
+from sm90_marks import built_here, sm90
 
 ALLOWED = dict(capability=(9, 0), triton_version=BUILT_FOR_TRITON[0], dtype=torch.bfloat16,
                head_dim=128, window=(-1, -1), softcap=0.0, layout="bshd", aligned=True)

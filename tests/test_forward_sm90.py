@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import triton
 
 from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.accuracy import check_accuracy
@@ -32,11 +31,7 @@ from attnlab.kernels.forward_sm90 import (
     refusal,
     supports,
 )
-
-on_sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not on_sm90, reason="needs an sm_90 (Hopper) GPU")
-built_here = pytest.mark.skipif(triton.__version__ not in BUILT_FOR_TRITON,
-                                reason=f"the kernel is built for Triton {BUILT_FOR_TRITON}")
+from sm90_marks import built_here, sm90
 
 SEQLEN_PAIRS = [(1, 1), (1, 239), (3, 799), (113, 203), (128, 217), (108, 256), (1023, 1024)]
 SEQLEN_PAIRS += [(b, a) for a, b in SEQLEN_PAIRS if a != b]
