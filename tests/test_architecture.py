@@ -20,22 +20,29 @@ PACKAGE = SRC / "attnlab"
 # Rooms from the ground floor up; a module may import its own room and any room below.
 # The package root ``attnlab`` (attnlab/__init__.py) re-exports the API, so it sits
 # with the API: `import attnlab` from below the API is an upward import.
-ROOMS: tuple[tuple[str, ...], ...] = (
+CORE_ROOMS: tuple[tuple[str, ...], ...] = (
     ("attnlab.checks", "attnlab.shapes", "attnlab.masking"),  # ground floor, pure Python
-    ("attnlab.model",),                                       # exact models, pure Python
     ("attnlab.reference",),                                   # the CPU oracle (torch)
     ("attnlab.kernels",),                                     # Triton kernels, launchers
     ("attnlab.api", "attnlab.accuracy", "attnlab"),           # the public calls, the rule
     ("attnlab.distributed", "attnlab.integrations"),          # built on the public calls
+)
+# The lab stands on the core and nothing of the core stands on it: `pip install attnlab`
+# without the [lab] extra runs every core module.
+LAB_ROOMS: tuple[tuple[str, ...], ...] = (
+    ("attnlab.model",),                                       # exact models, pure Python
     ("attnlab.measure",),                                     # providers, timing, records
     ("attnlab.report", "attnlab.explain"),                    # renderers of records
     ("attnlab.commands",),                                    # argparse and printing
     ("attnlab.cli",),                                         # the dispatcher
 )
-# Modules of the ground floor that must not import torch or numpy (the models and
-# the ground floor run without a tensor library).
+ROOMS = CORE_ROOMS + LAB_ROOMS
+# Modules that must not import torch or numpy (the models and the ground floor run
+# without a tensor library).
 PURE_ROOMS = ("attnlab.checks", "attnlab.shapes", "attnlab.masking", "attnlab.model")
 TENSOR_LIBRARIES = ("torch", "numpy", "triton")
+# What the [lab] extra installs (pyproject.toml); the core imports none of it.
+LAB_LIBRARIES = ("rich", "jinja2", "matplotlib", "yaml")
 
 
 def module_name(path: Path) -> str:
@@ -140,6 +147,37 @@ def test_the_pure_rooms_import_no_tensor_library():
             if target.split(".")[0] in TENSOR_LIBRARIES:
                 found.append(f"{path.relative_to(SRC)}:{line}: imports {target}")
     assert not found, "pure rooms import a tensor library:\n" + "\n".join(found)
+
+
+def is_core(module: str) -> bool:
+    return room_of(module) < len(CORE_ROOMS)
+
+
+def test_the_core_imports_nothing_of_the_lab():
+    found = []
+    for name, path in MODULES.items():
+        if not is_core(name):
+            continue
+        for target, line in imports_of(path):
+            resolved = resolve(target)
+            if target.split(".")[0] in LAB_LIBRARIES or (
+                    resolved is not None and not is_core(resolved)):
+                found.append(f"{path.relative_to(SRC)}:{line}: {name} imports {target}")
+    assert not found, "the core imports the lab:\n" + "\n".join(found)
+
+
+def test_the_lab_extra_is_what_the_core_leaves_out():
+    import tomllib
+
+    project = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]
+    names = {req.split(">")[0].split("=")[0].split("<")[0].strip().lower()
+             for req in project["dependencies"]}
+    assert names == {"torch", "triton", "numpy"}
+    lab = {req.split(">")[0].strip().lower() for req in project["optional-dependencies"]["lab"]}
+    assert lab == {"rich", "jinja2", "matplotlib", "pyyaml"}
+    from attnlab.cli import LAB_DEPENDENCIES
+
+    assert set(LAB_DEPENDENCIES) == set(LAB_LIBRARIES)
 
 
 def test_no_import_cycle():

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.cli_support import MAX_TOKENS
+from attnlab.commands.cli_support import MAX_TOKENS
 
 # ----- input files, written once per test into tmp_path ----------------------------------
 WORKLOAD = """\

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 # What the wheel is built from: the files `python -m build` reads, nothing else.
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "src")
 SHIPPED = ("attnlab/data/results/measure.jsonl", "attnlab/data/results/prefill_forward.jsonl",
-           "attnlab/data/results/kernels.json", "attnlab/data/results/ncu/ncu_kernels.csv",
+           "attnlab/data/results/kernels.json", "attnlab/data/results/ncu/ncu_kernels.page.csv",
            "attnlab/explain/templates/page.html.j2", "attnlab/explain/static/explain.js",
            "attnlab/report/templates/report.html.j2")
 
@@ -56,13 +56,35 @@ def wheel(tmp_path_factory) -> Path:
     return wheels[0]
 
 
+# Issue #27: a user who wants only the kernels downloads at most this.
+WHEEL_BYTES_LIMIT = 1_500_000
+# Makes the lab's libraries look uninstalled in a fresh environment (torch itself
+# brings jinja2, so deleting packages cannot show what the core needs).
+HIDE_LAB = """
+import importlib.abc, sys
+class _HideLab(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {hidden!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, _HideLab())
+"""
+
+
 def test_wheel_ships_the_committed_results(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = [name for name in SHIPPED if name not in names]
     assert not missing, f"the wheel lacks {missing}"
+    assert not [n for n in names if "/runs/" in n or n.endswith(".png")], \
+        "raw runs and plots stay in the repository's bench/results"
 
 
-def test_demo_from_an_empty_folder_reads_the_shipped_records(wheel, tmp_path):
+def test_the_wheel_is_small(wheel):
+    assert wheel.stat().st_size <= WHEEL_BYTES_LIMIT, f"{wheel.stat().st_size:,} bytes"
+
+
+def _fresh_environment(wheel: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A virtual environment holding attnlab from the wheel alone; its dependencies come
+    from this test run's environment through a .pth line (no network)."""
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
@@ -72,6 +94,34 @@ def test_demo_from_an_empty_folder_reads_the_shipped_records(wheel, tmp_path):
                      cwd=tmp_path).stdout.strip())
     ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (site / "attnlab_test_dependencies.pth").write_text("\n".join(sorted(ours)) + "\n")
+    return env_dir, site
+
+
+def test_the_core_runs_without_the_lab(wheel, tmp_path):
+    from attnlab.cli import LAB_DEPENDENCIES
+
+    env_dir, site = _fresh_environment(wheel, tmp_path)
+    (site / "sitecustomize.py").write_text(HIDE_LAB.format(hidden=set(LAB_DEPENDENCIES)))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    script = ("import sys, torch, attnlab\n"
+              "q = torch.randn(1, 5, 2, 16, dtype=torch.float64)\n"
+              "out = attnlab.flash_attn_func(q, q, q, causal=True)\n"
+              "ref = torch.nn.functional.scaled_dot_product_attention(\n"
+              "    q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), is_causal=True)\n"
+              "assert torch.allclose(out, ref.transpose(1, 2))\n"
+              f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(LAB_DEPENDENCIES)!r}"
+              " or m.startswith(('attnlab.model', 'attnlab.measure', 'attnlab.report'))))\n")
+    done = _run([str(env_dir / "bin" / "python"), "-c", script], cwd=tmp_path, env=env)
+    assert done.stdout.strip() == "[]"
+    cli = subprocess.run([str(env_dir / "bin" / "attnlab"), "--help"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert cli.returncode == 2 and 'pip install "attnlab[lab]"' in cli.stderr, cli.stderr
+    assert "Traceback" not in cli.stderr
+
+
+def test_demo_from_an_empty_folder_reads_the_shipped_records(wheel, tmp_path):
+    env_dir, _ = _fresh_environment(wheel, tmp_path)
+    python = env_dir / "bin" / "python"
 
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -11,10 +11,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+
+# The CLI is the lab's front door: it needs what `pip install "attnlab[lab]"` adds to the
+# kernels (import names; pyproject.toml's `lab` extra lists the packages).
+LAB_DEPENDENCIES = ("rich", "jinja2", "matplotlib", "yaml")
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+
+
+def missing_lab_dependencies() -> list[str]:
+    return [name for name in LAB_DEPENDENCIES if not _importable(name)]
 
 
 def verb_modules() -> list[ModuleType]:
@@ -39,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    missing = missing_lab_dependencies()
+    if missing:
+        print(f"attnlab: the command line is part of attnlab's lab, which needs "
+              f"{', '.join(missing)}: pip install \"attnlab[lab]\" (the kernels, "
+              f"`import attnlab`, need none of it)", file=sys.stderr)
+        return 2
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

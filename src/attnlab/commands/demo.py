@@ -69,8 +69,8 @@ def _console():
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.cli_support import prepare_out_dir
     from attnlab.commands import DEMO_SECTIONS
+    from attnlab.commands.cli_support import prepare_out_dir
 
     out_dir: Path = prepare_out_dir(args.out, "--out")
     captured = io.StringIO()

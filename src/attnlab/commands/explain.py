@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from attnlab.cli_support import prepare_out_dir
+from attnlab.commands.cli_support import prepare_out_dir
 
 DEFAULT_OUT = Path("attnlab-explain")
 

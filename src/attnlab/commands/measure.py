@@ -22,7 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from attnlab.cli_support import new_console, parse_int_list, parse_window, prepare_out_dir
+from attnlab.commands.cli_support import new_console, parse_int_list, parse_window, prepare_out_dir
 
 DEFAULT_RESULTS = Path("bench") / "results"
 DEFAULT_BENCH_FILE = DEFAULT_RESULTS / "bench.jsonl"

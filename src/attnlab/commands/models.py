@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from attnlab.cli_support import (
+from attnlab.commands.cli_support import (
     dumps,
     new_console,
     parse_float,

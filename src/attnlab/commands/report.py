@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnlab.cli_support import new_console, prepare_out_dir
+from attnlab.commands.cli_support import new_console, prepare_out_dir
 
 DEMO_FOLDER = "report"
 

@@ -28,9 +28,10 @@ its rows instead of duplicating them.  Every write also rewrites ``<stem>.record
 beside the JSONL: one row per record, the shape spread into columns, the reproducing
 command last (FlashInfer's benchmark format), for pandas or a spreadsheet.
 
-Where results live: the committed H200 results ship inside the package
-(``attnlab/data/results``, read through :func:`committed_results`), so the demo, the
-explainer and the report find them from an installed wheel in any folder;
+Where results live: every GPU run writes under ``bench/results/`` in the repository;
+the package ships a curated cut of it (``attnlab/data/results``, named in its
+manifest: :mod:`attnlab.measure.shipped`), read through :func:`committed_results`, so
+the demo, the explainer and the report find it from an installed wheel in any folder;
 :func:`results_dir` is what every reader calls, honouring a user's own folder.
 """
 
@@ -74,9 +75,10 @@ CSV_COLUMNS = ("kernel", "provider", "phase", *SHAPE_COLUMNS, "metric", "unit", 
 # ----- where results live ------------------------------------------------------------------
 def committed_results() -> Path:
     """The committed H200 results shipped inside the package (``attnlab/data/results``):
-    records (``*.jsonl``), Nsight Compute CSVs and summaries (``ncu/``), kernel lists,
-    plots.  A real folder both in a checkout (where ``bench/results`` links to it) and
-    in an installed wheel."""
+    the top-level records (``*.jsonl``), the kernel lists and the Nsight Compute CSVs
+    cut to the page's metrics, as its ``MANIFEST.json`` names them
+    (:mod:`attnlab.measure.shipped`; the full runs stay in the repository's
+    ``bench/results``)."""
     folder = importlib.resources.files("attnlab") / "data" / "results"
     if not isinstance(folder, Path) or not folder.is_dir():
         raise FileNotFoundError(f"attnlab's shipped results are missing ({folder}): the "
