@@ -22,6 +22,7 @@ PACKAGE = SRC / "attnlab"
 # with the API: `import attnlab` from below the API is an upward import.
 CORE_ROOMS: tuple[tuple[str, ...], ...] = (
     ("attnlab.checks", "attnlab.shapes", "attnlab.masking"),  # ground floor, pure Python
+    ("attnlab.inputs",),                                      # the call value (torch)
     ("attnlab.reference",),                                   # the CPU oracle (torch)
     ("attnlab.kernels",),                                     # Triton kernels, launchers
     ("attnlab.api", "attnlab.accuracy", "attnlab"),           # the public calls, the rule

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab.inputs import layout_named
 from attnlab.reference import naive, tiled, tiled_backward
 
 
@@ -33,7 +34,7 @@ class AccuracyCheck:
 def check_accuracy(out, lse, q, k, v, *, causal=False, scale=None, window=(-1, -1), softcap=0.0,
                    layout="bhsd") -> AccuracyCheck:
     """Judge a kernel's (out, lse) on inputs q, k, v by the rule in the module doc."""
-    to_bhsd = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
+    to_bhsd = layout_named(layout).to_bhsd
     q, k, v, out = (to_bhsd(t) for t in (q, k, v, out))
     options = dict(causal=causal, scale=scale, window=window, softcap=softcap)
     # The oracle: the materialising baseline in float64.  The yardstick: the same
@@ -105,7 +106,7 @@ def check_gradients(grads, q, k, v, dout, *, causal=False, scale=None, window=(-
     has 0.067.  The floor: one rounding step of the oracle's largest magnitude in that
     dtype.  NaN never passes.
     """
-    to_bhsd = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
+    to_bhsd = layout_named(layout).to_bhsd
     q, k, v, dout = (to_bhsd(t) for t in (q, k, v, dout))
     options = dict(causal=causal, scale=scale, window=window, softcap=softcap)
     oracle = reference_gradients(q, k, v, dout, **options)

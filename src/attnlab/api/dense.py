@@ -14,53 +14,25 @@ from attnlab.api.common import (
     _triton_ready,
 )
 from attnlab.checks import check_bool, check_instance, check_scale
-
-
-def _check_tensors(q, k, v, layout: str) -> tuple[int, int, int, int, int, int]:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_instance(name, t, torch.Tensor)
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D ({layout}), got shape {tuple(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if layout == "bshd":
-        batch, seqlen_q, heads, head_dim = q.shape
-        kv_batch, seqlen_k, kv_heads, kv_dim = k.shape
-    else:
-        batch, heads, seqlen_q, head_dim = q.shape
-        kv_batch, kv_heads, seqlen_k, kv_dim = k.shape
-    if kv_batch != batch:
-        raise ValueError(f"k batch ({kv_batch}) must equal q batch ({batch})")
-    if kv_dim != head_dim:
-        raise ValueError(f"k/v head_dim ({kv_dim}) must equal q head_dim ({head_dim})")
-    if kv_heads == 0 or heads % kv_heads != 0:
-        raise ValueError(f"kv heads ({kv_heads}) must divide query heads ({heads})")
-    if min(batch, seqlen_q, seqlen_k, heads, head_dim) == 0:
-        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    return batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim
+from attnlab.inputs import AttentionInputs
 
 
 def _run(q, k, v, *, layout: str, scale, causal: bool, window: tuple[int, int],
          softcap: float, impl: str, deterministic: bool = False, scale_name: str = "scale"
          ) -> tuple[torch.Tensor, torch.Tensor]:
-    *_, head_dim = _check_tensors(q, k, v, layout)
+    inputs = AttentionInputs.dense(q, k, v, layout)
     impl = _resolve_impl(impl, q)
     deterministic = check_bool("deterministic", deterministic)
-    scale = check_scale(scale, head_dim, name=scale_name)
+    scale = check_scale(scale, inputs.head_dim, name=scale_name)
     if impl == "triton":
-        q, k, v = _triton_ready(q, k, v, head_dim)
+        q, k, v = _triton_ready(q, k, v, inputs.head_dim)
         from attnlab.kernels.autograd import attention_forward
         from attnlab.kernels.decode import flash_decode, prefers_decode
 
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                   or v.requires_grad)
-        seqlen_q, seqlen_k = (q.shape[1], k.shape[1]) if layout == "bshd" else (q.shape[2], k.shape[2])
         if not torch.compiler.is_compiling() and prefers_decode(
-                seqlen_q=seqlen_q, seqlen_k=seqlen_k, needs_grad=needs_grad):
+                seqlen_q=inputs.seqlen_q, seqlen_k=inputs.seqlen_k, needs_grad=needs_grad):
             # A decode step (short queries, long keys): the split-KV kernel.
             out, lse = flash_decode(q, k, v, layout=layout, scale=scale, causal=causal,
                                     window=window, softcap=softcap)
@@ -75,10 +47,10 @@ def _run(q, k, v, *, layout: str, scale, causal: bool, window: tuple[int, int],
         from attnlab.reference import tiled
 
         _check_reference_dtypes(q=q, k=k, v=v)
-        to_bhsd = (lambda t: t.transpose(1, 2)) if layout == "bshd" else (lambda t: t)
+        to_bhsd = inputs.layout.to_bhsd
         out64, lse = tiled(*(to_bhsd(t).to(torch.float64) for t in (q, k, v)),
                            causal=causal, scale=scale, window=window, softcap=softcap)
-        out = to_bhsd(out64).to(q.dtype)
+        out = inputs.layout.from_bhsd(out64).to(q.dtype)
         lse = lse.to(torch.float32)
     _record_impl(impl)
     return out, lse

@@ -14,31 +14,7 @@ from attnlab.api.common import (
     _triton_ready,
 )
 from attnlab.checks import check_bool, check_instance, check_int, check_scale
-
-
-def _check_varlen_tensors(q, k, v) -> tuple[int, int, int]:
-    """(heads, kv_heads, head_dim) of packed q, k, v; the same rules as the dense calls."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_instance(name, t, torch.Tensor)
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D (total_tokens, heads, head_dim), got shape "
-                             f"{tuple(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
-    _, heads, head_dim = q.shape
-    _, kv_heads, kv_dim = k.shape
-    if kv_dim != head_dim:
-        raise ValueError(f"k/v head_dim ({kv_dim}) must equal q head_dim ({head_dim})")
-    if kv_heads == 0 or heads % kv_heads != 0:
-        raise ValueError(f"kv heads ({kv_heads}) must divide query heads ({heads})")
-    if head_dim == 0:
-        raise ValueError(f"empty input: head_dim is 0 (q {tuple(q.shape)})")
-    return heads, kv_heads, head_dim
+from attnlab.inputs import check_packed
 
 
 def _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k) -> tuple[list[int], list[int]]:
@@ -140,15 +116,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     deterministic = check_bool("deterministic", deterministic)
     return_attn_probs = check_bool("return_attn_probs", return_attn_probs)
     window, softcap = _check_options(window_size, softcap)
-    _, _, head_dim = _check_varlen_tensors(q, k, v)
+    check_packed(q, k, v)
     impl = _resolve_impl(impl, q)
-    scale = check_scale(softmax_scale, head_dim, name="softmax_scale")
+    scale = check_scale(softmax_scale, q.shape[-1], name="softmax_scale")
     lengths_q, lengths_k = _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k)
     _check_max_seqlen("max_seqlen_q", max_seqlen_q, lengths_q)
     _check_max_seqlen("max_seqlen_k", max_seqlen_k, lengths_k)
     options = dict(scale=scale, causal=causal, window=window, softcap=softcap)
     if impl == "triton":
-        q, k, v = _triton_ready(q, k, v, head_dim)
+        q, k, v = _triton_ready(q, k, v, q.shape[-1])
         from attnlab.kernels.autograd import attention_forward
 
         # The launch grid covers the longest real sequence, not the caller's bound.

@@ -60,9 +60,9 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from attnlab.api.common import _refuse_unsupported, _resolve_impl
-from attnlab.api.dense import _check_tensors
 from attnlab.api.kvcache import merge_states
 from attnlab.checks import check_bool, check_instance
+from attnlab.inputs import AttentionInputs
 from attnlab.reference.inputs import accumulation_dtype, resolve_scale
 
 LAYOUT = "bshd"
@@ -361,7 +361,8 @@ def _prepare(q, k, v, *, causal, softmax_scale, group, impl):
         raise RuntimeError("ring attention needs an initialised torch.distributed process group "
                            "(launch with torchrun and call torch.distributed.init_process_group)")
     causal = check_bool("causal", causal)
-    _, _, _, seqlen_q, seqlen_k, head_dim = _check_tensors(q, k, v, LAYOUT)
+    inputs = AttentionInputs.dense(q, k, v, LAYOUT)
+    seqlen_q, seqlen_k, head_dim = inputs.seqlen_q, inputs.seqlen_k, inputs.head_dim
     if seqlen_q != seqlen_k:
         raise ValueError(f"q and k/v shards must have the same local seqlen (each rank holds "
                          f"the same tokens of Q, K and V), got {seqlen_q} and {seqlen_k}")

@@ -12,6 +12,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from triton.runtime.jit import JITFunction
 
+from attnlab.inputs import layout_named
+
 # exp(x) = exp2(x * log2(e)): the kernel works in base 2 (one MUFU.EX2 per score) and
 # converts the LSE back to natural log with ln(2) = 0.6931471805599453 at the end.
 LOG2E = 1.4426950408889634
@@ -81,23 +83,15 @@ def _online_softmax_step(qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset,
 
 
 def bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
-    """(batch, head, seq) strides of a bshd, bhsd or thd tensor; a varlen (thd) tensor's
-    batch stride is 0 (cu_seqlens places each sequence)."""
-    if layout == "thd":
-        return 0, t.stride(1), t.stride(0)
-    if layout == "bshd":
-        return t.stride(0), t.stride(2), t.stride(1)
-    return t.stride(0), t.stride(1), t.stride(2)
+    """(batch, head, seq) strides of a tensor in ``layout`` (:class:`attnlab.inputs.Layout`)."""
+    return layout_named(layout).bhs_strides(t)
 
 
 def dense_sizes(q: torch.Tensor, k: torch.Tensor, layout: str
                 ) -> tuple[int, int, int, int, int, int]:
     """(batch, seqlen_q, query heads, head_dim, seqlen_k, kv heads) of bshd or bhsd q, k."""
-    if layout == "bshd":
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        return batch, seqlen_q, num_heads, head_dim, k.shape[1], k.shape[2]
-    batch, num_heads, seqlen_q, head_dim = q.shape
-    return batch, seqlen_q, num_heads, head_dim, k.shape[2], k.shape[1]
+    lay = layout_named(layout)
+    return q.shape[0], lay.seqlen(q), lay.heads(q), q.shape[-1], lay.seqlen(k), lay.heads(k)
 
 
 # TRITON_INTERPRET=1 at import makes every @triton.jit an InterpretedFunction.

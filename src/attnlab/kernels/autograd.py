@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 
+from attnlab.inputs import layout_named
 from attnlab.kernels._primitives import INTERPRETED
 from attnlab.kernels.backward import flash_backward
 from attnlab.kernels.forward import flash_forward
@@ -69,11 +70,9 @@ def _decompose_only_where_capturable(op, fake) -> None:
 
 
 def _lse_shape(q: torch.Tensor, layout: str) -> tuple[int, ...]:
-    if layout == "thd":  # varlen: (heads, total_q)
-        return (q.shape[1], q.shape[0])
-    if layout == "bshd":
-        return (q.shape[0], q.shape[2], q.shape[1])
-    return tuple(q.shape[:3])
+    lay = layout_named(layout)
+    rows = q.shape[0] if lay.is_varlen else lay.seqlen(q)
+    return lay.lse_shape(q.shape[0], lay.heads(q), rows)
 
 
 def _flash_fwd(

@@ -41,6 +41,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlab.checks import check_instance
+from attnlab.inputs import AttentionInputs, layout_named
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -56,8 +57,6 @@ from attnlab.kernels._primitives import (
     _mma,
     _q_band_bounds,
     _softcap_tanh,
-    bhs_strides,
-    dense_sizes,
     kernel_is_interpreted,
     launch_is_traced,
 )
@@ -404,7 +403,6 @@ def _attn_bwd_dq(
 # Launcher
 # ---------------------------------------------------------------------------
 
-LAYOUTS = ("bshd", "bhsd", "thd")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # AttentionShape's names
 
 
@@ -425,12 +423,12 @@ def _check_dout(dout, out) -> None:
         raise ValueError(f"dout must be on the output's device {out.device}, got {dout.device}")
 
 
-def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> int:
-    """The batch size of a varlen call; checks the cu_seqlens pair."""
-    if layout != "thd":
+def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+    """Checks the cu_seqlens pair of a varlen call (and that a dense call has none)."""
+    if not layout_named(layout).is_varlen:
         if cu_seqlens_q is not None or cu_seqlens_k is not None:
             raise ValueError(f"cu_seqlens_q/cu_seqlens_k need layout='thd', got layout={layout!r}")
-        return 0
+        return
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
             raise TypeError(f"{name} must be a 1-D torch.int32 tensor for layout='thd'")
@@ -442,7 +440,6 @@ def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int for layout='thd', got {value!r}")
-    return cu_seqlens_q.numel() - 1
 
 
 # One direct launcher per kernel: the compiled kernels it keeps outlive the calls.
@@ -515,10 +512,9 @@ def flash_backward(
     wherever ``dkdv_sm90`` (an ``Sm90BackwardConfig``) asks for it; a call that kernel
     cannot compute is then refused with the reason, never run elsewhere.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    layout_named(layout)  # a name this module cannot read is refused before any plan
     _check_dout(dout, out)
-    batch_varlen = _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
     q, k, v, out, dout = (_unit_last_stride(t) for t in (q, k, v, out, dout))
@@ -528,7 +524,7 @@ def flash_backward(
             raise ValueError(f"dlse must have LSE's shape {tuple(lse.shape)}, got {tuple(dlse.shape)}")
         dlse = dlse.to(torch.float32).contiguous()
     options = dict(layout=layout, scale=scale, causal=causal, window=tuple(window),
-                   softcap=softcap, batch_varlen=batch_varlen, max_seqlen_q=max_seqlen_q,
+                   softcap=softcap, max_seqlen_q=max_seqlen_q,
                    max_seqlen_k=max_seqlen_k, config=config, dkdv_sm90=dkdv_sm90,
                    has_dlse=dlse is not None)
     tensors = (q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k)
@@ -580,17 +576,15 @@ class _BackwardPlan:
 
 
 def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *, layout,
-                   scale, causal, window, softcap, batch_varlen, max_seqlen_q, max_seqlen_k,
+                   scale, causal, window, softcap, max_seqlen_q, max_seqlen_k,
                    config, dkdv_sm90, has_dlse, launchers) -> _BackwardPlan:
     """What ``flash_backward`` launches for tensors of these sizes, strides and alignment."""
-    if layout != "thd":
-        batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
-    else:
-        _, num_heads, head_dim = q.shape
-        num_kv_heads = k.shape[1]
-        batch, seqlen_q, seqlen_k = batch_varlen, max_seqlen_q, max_seqlen_k
+    inputs = AttentionInputs.read(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k)
+    lay, batch, num_heads, num_kv_heads = inputs.layout, inputs.batch, inputs.heads, inputs.kv_heads
+    seqlen_q, seqlen_k, head_dim = inputs.seqlen_q, inputs.seqlen_k, inputs.head_dim
     # LSE: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
-    stat_strides = (0, lse.stride(0)) if layout == "thd" else (lse.stride(0), lse.stride(1))
+    stat_strides = (0, lse.stride(0)) if lay.is_varlen else (lse.stride(0), lse.stride(1))
 
     window_left, window_right = effective_window(causal, window)
     has_left, has_right = window_left >= 0, window_right >= 0
@@ -609,7 +603,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     tile_rows = max(config.dkdv_block_m, config.dkdv_block_n, config.dq_block_m,
                     config.dq_block_n)
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
-        row_stride = abs(bhs_strides(t, layout)[2])
+        row_stride = abs(lay.bhs_strides(t)[2])
         if row_stride * tile_rows + head_dim_pad > 2**31 - 1:
             raise ValueError(f"{name}'s sequence stride ({row_stride} elements) is too large for "
                              "the kernels' 32-bit in-tile offsets; pass a contiguous tensor")
@@ -617,13 +611,12 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     # Decided before any launch: a forced sm_90 kernel that cannot run is refused first.
     sm90 = _sm90_dkdv(q, k, v, dout, layout=layout, causal=causal, window=window,
                       softcap=softcap, requested=dkdv_sm90, use_table=explicit_config is None)
-    is_varlen = layout == "thd"
     masks = dict(HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
-                 IS_VARLEN=is_varlen, UPCAST_DOT=interpreted and q.dtype == torch.bfloat16)
+                 IS_VARLEN=lay.is_varlen, UPCAST_DOT=interpreted and q.dtype == torch.bfloat16)
     scalars = (max(window_left, 0), max(window_right, 0),
                scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0, scale)
     # dQ, dK, dV are allocated contiguous in the layout of q, k, v.
-    dq_strides, dk_strides = (bhs_strides(torch.empty(t.shape, device="meta"), layout)
+    dq_strides, dk_strides = (lay.bhs_strides(torch.empty(t.shape, device="meta"))
                               for t in (q, k))
     dkdv_launcher, dq_launcher = launchers
     group_size = num_heads // num_kv_heads
@@ -640,7 +633,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
                                 causal=causal, config=sm90_config)
         seqlen_pad = padded_seqlen(seqlen_q)
     # D is a fresh contiguous (batch, heads, seqlen_pad) tensor; varlen's has LSE's shape.
-    if is_varlen:
+    if lay.is_varlen:
         delta_shape, delta_strides = tuple(lse.shape), stat_strides
     else:
         delta_shape = (batch, num_heads, seqlen_pad)
@@ -649,15 +642,15 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     if sm90 is None:
         kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
         dkdv = PlannedLaunch(dkdv_launcher, (kv_blocks * batch * num_kv_heads,), (
-            *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
-            *bhs_strides(dout, layout), *dk_strides, *dk_strides, *stat_strides,
+            *lay.bhs_strides(q), *lay.bhs_strides(k), *lay.bhs_strides(v),
+            *lay.bhs_strides(dout), *dk_strides, *dk_strides, *stat_strides,
             *delta_strides, num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
         ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
                 BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
                 num_warps=config.num_warps, num_stages=config.num_stages))
     dq = PlannedLaunch(dq_launcher, (q_blocks * batch * num_heads,), (
-        *bhs_strides(q, layout), *bhs_strides(k, layout), *bhs_strides(v, layout),
-        *bhs_strides(out, layout), *bhs_strides(dout, layout), *dq_strides, *stat_strides,
+        *lay.bhs_strides(q), *lay.bhs_strides(k), *lay.bhs_strides(v),
+        *lay.bhs_strides(out), *lay.bhs_strides(dout), *dq_strides, *stat_strides,
         *delta_strides, num_heads, group_size, seqlen_q, seqlen_k, q_blocks, *scalars,
     ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,

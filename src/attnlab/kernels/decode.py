@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from attnlab.inputs import layout_named
 from attnlab.kernels._primitives import (
     LOG2E,
     _kv_band_bounds,
@@ -394,13 +395,6 @@ def sm_count(device: torch.device) -> int:
 # Launcher
 # ---------------------------------------------------------------------------
 
-def _bsh_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
-    """(batch, seq, head) strides of a bshd or bhsd tensor."""
-    if layout == "bshd":
-        return t.stride(0), t.stride(1), t.stride(2)
-    return t.stride(0), t.stride(2), t.stride(1)
-
-
 def flash_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
     scale: float, causal: bool = False, window: tuple[int, int] = (-1, -1),
@@ -423,8 +417,8 @@ def flash_decode(
     ``return_partials=True`` always runs the split path and also returns the partial
     (O, LSE) as (batch, seqlen_q, heads, num_splits[, d]) fp32, for the tests.
     """
-    batch, seqlen_q, num_heads, head_dim = (q.shape if layout == "bshd" else
-                                            (q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
+    lay = layout_named(layout)
+    batch, seqlen_q, num_heads, head_dim = q.shape[0], lay.seqlen(q), lay.heads(q), q.shape[-1]
     paged = block_table is not None
     if paged:
         page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -433,9 +427,8 @@ def flash_decode(
         stride_v = (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
     else:
         page_size = 0
-        stride_k, stride_v = _bsh_strides(k_cache, layout), _bsh_strides(v_cache, layout)
-        capacity, num_kv_heads = ((k_cache.shape[1], k_cache.shape[2]) if layout == "bshd"
-                                  else (k_cache.shape[2], k_cache.shape[1]))
+        stride_k, stride_v = lay.bsh_strides(k_cache), lay.bsh_strides(v_cache)
+        capacity, num_kv_heads = lay.seqlen(k_cache), lay.heads(k_cache)
     group_size = num_heads // num_kv_heads
     interpreted = kernel_is_interpreted()
     if config is None:
@@ -455,8 +448,7 @@ def flash_decode(
             sm_count=sm_count(q.device), ctas_per_sm=config.ctas_per_sm)
     write_partial = num_splits > 1 or return_partials
 
-    out_shape = (batch, seqlen_q, num_heads, head_dim) if layout == "bshd" else \
-        (batch, num_heads, seqlen_q, head_dim)
+    out_shape = lay.shape(batch, seqlen_q, num_heads, head_dim)
     out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
     if write_partial:
@@ -476,7 +468,7 @@ def flash_decode(
         cache_batch_idx if cache_batch_idx is not None else unused,
         cache_leftpad if cache_leftpad is not None else unused,
         block_table if paged else unused,
-        *_bsh_strides(q, layout), *stride_k, *stride_v, *_bsh_strides(out, layout),
+        *lay.bsh_strides(q), *stride_k, *stride_v, *lay.bsh_strides(out),
         block_table.stride(0) if paged else 0,
         num_kv_heads, group_size, seqlen_q, cache_seqlen, seqlen_new, num_splits,
         max(window_left, 0), max(window_right, 0),
@@ -492,7 +484,7 @@ def flash_decode(
     )
     if write_partial:
         _combine_partials[(batch * seqlen_q * num_heads,)](
-            o_part, lse_part, out, lse, *_bsh_strides(out, layout),
+            o_part, lse_part, out, lse, *lay.bsh_strides(out),
             num_heads, seqlen_q, num_splits,
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             BLOCK_S=min(16, triton.next_power_of_2(num_splits)), num_warps=2, num_stages=1,

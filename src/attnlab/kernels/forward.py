@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
+from attnlab.inputs import AttentionInputs, layout_named
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -42,7 +43,6 @@ from attnlab.kernels._primitives import (
     _load_kv_tile,
     _mma,
     _online_softmax_step,
-    bhs_strides,
     kernel_is_interpreted,
     launch_is_traced,
 )
@@ -221,7 +221,6 @@ def _attn_fwd(
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # AttentionShape's names
 MAX_HEAD_DIM = 256
-LAYOUTS = ("bshd", "bhsd", "thd")
 INT32_MAX = 2**31 - 1
 
 
@@ -274,8 +273,7 @@ def flash_forward(
     float32, natural log: (batch, heads, seqlen_q), or (heads, total_q) for ``thd``
     (flash-attn's varlen layout).  Causal is bottom-right aligned, per sequence.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    layout_named(layout)  # a name this module cannot read is refused before any plan
     options = dict(layout=layout, scale=scale, causal=causal, window=tuple(window),
                    softcap=softcap, config=config, max_seqlen_q=max_seqlen_q,
                    max_seqlen_k=max_seqlen_k)
@@ -327,8 +325,8 @@ class _Sm90ForwardPlan:
 def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal, window,
                   softcap, config, max_seqlen_q, max_seqlen_k, launcher):
     """What ``flash_forward`` launches for tensors of these sizes, strides and alignment."""
-    is_varlen = layout == "thd"
-    if not is_varlen and config is None:
+    lay = layout_named(layout)
+    if not lay.is_varlen and config is None:
         sm90_config = _gluon_sm90_choice(q, k, v, layout=layout, causal=causal, window=window,
                                          softcap=softcap)
         if sm90_config is not None:
@@ -336,33 +334,23 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
 
             return _Sm90ForwardPlan(plan_launch(q, k, v, layout=layout, scale=scale,
                                                 causal=causal, config=sm90_config))
-    if is_varlen:
+    if lay.is_varlen:
         if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None \
                 or max_seqlen_k is None:
             raise ValueError("layout 'thd' needs cu_seqlens_q, cu_seqlens_k, max_seqlen_q and "
                              "max_seqlen_k")
-        total_q, num_heads, head_dim = q.shape
-        num_kv_heads = k.shape[1]
-        batch = cu_seqlens_q.shape[0] - 1
-        seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
-        out_shape, lse_shape = (total_q, num_heads, head_dim), (num_heads, total_q)
-    else:
-        if cu_seqlens_q is not None or cu_seqlens_k is not None:
-            raise ValueError(f"cu_seqlens belong to layout 'thd', not {layout!r}")
-        if layout == "bshd":
-            batch, seqlen_q, num_heads, head_dim = q.shape
-            seqlen_k, num_kv_heads = k.shape[1], k.shape[2]
-            out_shape = (batch, seqlen_q, num_heads, head_dim)
-        else:
-            batch, num_heads, seqlen_q, head_dim = q.shape
-            num_kv_heads, seqlen_k = k.shape[1], k.shape[2]
-            out_shape = (batch, num_heads, seqlen_q, head_dim)
-        lse_shape = (batch, num_heads, seqlen_q)
+    elif cu_seqlens_q is not None or cu_seqlens_k is not None:
+        raise ValueError(f"cu_seqlens belong to layout 'thd', not {layout!r}")
+    inputs = AttentionInputs.read(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k)
+    batch, num_heads, num_kv_heads = inputs.batch, inputs.heads, inputs.kv_heads
+    seqlen_q, seqlen_k, head_dim = inputs.seqlen_q, inputs.seqlen_k, inputs.head_dim
+    out_shape, lse_shape = inputs.out_shape(), inputs.lse_shape()
     if batch == 0 or seqlen_q == 0 or 0 in out_shape:
         return _ForwardPlan(out_shape, lse_shape, None)
     # O and LSE are allocated contiguous: their strides follow from the shapes.
     out_meta = torch.empty(out_shape, device="meta")
-    stride_lse = (0, total_q) if is_varlen else (num_heads * seqlen_q, seqlen_q)
+    stride_lse = (0, lse_shape[1]) if lay.is_varlen else (num_heads * seqlen_q, seqlen_q)
 
     window_left, window_right = effective_window(causal, window)
     has_left, has_right = window_left >= 0, window_right >= 0
@@ -375,7 +363,7 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
         config = forward_config(shape, interpreted=kernel_is_interpreted())
 
     q_strides, k_strides, v_strides, o_strides = (
-        bhs_strides(t, layout) for t in (q, k, v, out_meta))
+        lay.bhs_strides(t) for t in (q, k, v, out_meta))
     offsets_64 = (
         any(offsets_need_int64(seqlen_q, s[2], config.block_m, head_dim_pad)
             for s in (q_strides, o_strides))
@@ -392,6 +380,6 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
                 HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
                 REVERSE_M=has_right,
                 UPCAST_DOT=kernel_is_interpreted() and q.dtype == torch.bfloat16,
-                IS_VARLEN=is_varlen, OFFSETS_64=offsets_64,
+                IS_VARLEN=lay.is_varlen, OFFSETS_64=offsets_64,
                 num_warps=config.num_warps, num_stages=config.num_stages)
     return _ForwardPlan(out_shape, lse_shape, PlannedLaunch(launcher, grid, static, meta))

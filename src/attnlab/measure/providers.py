@@ -42,11 +42,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attnlab.checks import quote
+from attnlab.inputs import layout_named
 from attnlab.masking import shape_band
 from attnlab.measure.records import PHASES
 from attnlab.shapes import AttentionShape
 
 LAYOUTS = ("bhsd", "bshd", "nhd")
+# FlashInfer's NHD, (tokens, heads, head_dim), is attnlab's thd holding one sequence.
+_CORE_LAYOUT = {"bhsd": "bhsd", "bshd": "bshd", "nhd": "thd"}
 _TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
 # Memory we leave free when deciding whether a materialising provider fits: the
 # allocator, the L2 flush buffer and the reference check need room too.
@@ -481,15 +484,11 @@ def make_inputs(shape: AttentionShape, layout: str, device: str, *, seed: int = 
     generator = torch.Generator(device=device).manual_seed(seed)
 
     def draw(heads: int, seqlen: int, layout: str = layout) -> torch.Tensor:
-        if layout == "bhsd":
-            size = (shape.batch, heads, seqlen, shape.head_dim)
-        elif layout == "bshd":
-            size = (shape.batch, seqlen, heads, shape.head_dim)
-        else:
-            if shape.batch != 1:
-                raise ValueError(f"layout 'nhd' holds one sequence; batch must be 1, got "
-                                 f"{shape.batch}")
-            size = (seqlen, heads, shape.head_dim)
+        core = layout_named(_CORE_LAYOUT[layout])
+        if core.is_varlen and shape.batch != 1:
+            raise ValueError(f"layout {layout!r} holds one sequence; batch must be 1, got "
+                             f"{shape.batch}")
+        size = core.shape(shape.batch, seqlen, heads, shape.head_dim)
         t = torch.randn(size, generator=generator, device=device, dtype=dtype)
         return t.requires_grad_(requires_grad)
 
@@ -502,11 +501,7 @@ def make_inputs(shape: AttentionShape, layout: str, device: str, *, seed: int = 
 
 
 def to_bhsd(t, layout: str):
-    if layout == "bhsd":
-        return t
-    if layout == "bshd":
-        return t.transpose(1, 2)
-    return t.unsqueeze(0).transpose(1, 2)  # nhd: one sequence
+    return layout_named(_CORE_LAYOUT[layout]).to_bhsd(t)
 
 
 @dataclass
