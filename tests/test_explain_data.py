@@ -367,7 +367,7 @@ def test_bytes_chart_sets_ncu_bytes_against_both_models(tmp_path):
 
 # ----------------------------------------------------------------- 5. profiler
 def test_profiler_kernel_lists_and_ncu_rows_come_from_the_files(tmp_path):
-    from attnlab.explain.profile import profiler_section, short_kernel_name
+    from attnlab.explain.profiler import profiler_section, short_kernel_name
     from attnlab.measure import ncu
 
     folder = tmp_path / "results"
@@ -417,7 +417,7 @@ def test_profiler_kernel_lists_and_ncu_rows_come_from_the_files(tmp_path):
 
 
 def test_profiler_without_data_says_so(tmp_path):
-    from attnlab.explain.profile import profiler_section
+    from attnlab.explain.profiler import profiler_section
 
     assert profiler_section(None)["available"] is False
     assert profiler_section(tmp_path)["available"] is False

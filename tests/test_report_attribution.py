@@ -15,7 +15,7 @@ from attnlab.report.attribution import (
     with_kernel_speedup,
     with_trace,
 )
-from attnlab.report.records import kernel_speedup_from_records
+from attnlab.report.speedup import kernel_speedup_from_records
 from attnlab.report.workload import LESSON_DOCUMENT_QA, default_workload, parse_workload
 from attnlab.shapes import preset
 

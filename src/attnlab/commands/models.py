@@ -24,7 +24,7 @@ from attnlab.commands.cli_support import (
     parse_window,
     ranges,
 )
-from attnlab.report.models import (
+from attnlab.report.model_reports import (
     amdahl_report,
     ceilings,
     exercises_report,

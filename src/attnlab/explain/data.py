@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import attnlab
-from attnlab.explain import measured, profile
+from attnlab.explain import measured, profiler
 from attnlab.explain.units import (
     format_bytes,
     format_exact_bytes,
@@ -77,7 +77,7 @@ def build_page_data(results_dir: Path | str | None = None) -> dict:
     ``None`` means no measured data, and the page's "How much" section says so.
     """
     folder = None if results_dir is None else Path(results_dir)
-    ncu = profile.ncu_cases(folder) if folder is not None and folder.is_dir() else None
+    ncu = profiler.ncu_cases(folder) if folder is not None and folder.is_dir() else None
     measured_data = measured.measured_section(folder, ncu)
     colours = {p["name"]: p["colour"] for p in measured_data["providers"]}
     return {
@@ -87,7 +87,7 @@ def build_page_data(results_dir: Path | str | None = None) -> dict:
         "block_walk": block_walk_section(),
         "traffic": traffic_section(),
         "measured": measured_data,
-        "profiler": profile.profiler_section(folder, colours, ncu),
+        "profiler": profiler.profiler_section(folder, colours, ncu),
         "amdahl": amdahl_section(),
     }
 

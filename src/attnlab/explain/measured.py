@@ -42,7 +42,7 @@ def measured_section(results_dir: Path | str | None,
     """Charts, headlines and the bytes chart from the records in ``results_dir``.
 
     ``ncu``: the folder's parsed Nsight Compute cases and notes
-    (:func:`attnlab.explain.profile.ncu_cases`), when the caller already has them.
+    (:func:`attnlab.explain.profiler.ncu_cases`), when the caller already has them.
     """
     if results_dir is None:
         return _empty("none", "no results folder was given, so there is no measured data "
@@ -57,7 +57,7 @@ def measured_section(results_dir: Path | str | None,
                                    "Run the benchmarks on a GPU (bench/) to fill this section.")
     providers = sorted({r["provider"] for r in records if r["provider"] != plots.CEILING_PROVIDER},
                        key=plots.provider_rank)
-    from attnlab.explain.profile import ncu_cases
+    from attnlab.explain.profiler import ncu_cases
 
     cases, ncu_notes = ncu if ncu is not None else ncu_cases(folder)
     providers += sorted({c["provider"] for c in cases} - set(providers), key=plots.provider_rank)
@@ -265,7 +265,7 @@ def bytes_section(cases: list[dict], notes: list[str], colours: dict[str, str],
     The pairing of kernels with predictions is attnlab.measure.compare's; this only
     formats its result, as chart points and as the table under the chart.
     """
-    from attnlab.explain.profile import short_kernel_name
+    from attnlab.explain.profiler import short_kernel_name
     from attnlab.measure import compare
 
     points, table = [], []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnlab.report import attribution, records
+from attnlab.report import attribution, speedup
 from attnlab.report.workload import default_workload, load_workload
 
 
@@ -43,9 +43,9 @@ def assemble_report(workload_file: str | Path | None = None, *,
         trace = summarize_trace(trace_file, patterns=workload.trace_patterns)
         workload = attribution.with_trace(workload, trace)
     if records_path is not None:
-        found = records.kernel_speedup_from_records(records.load(records_path), workload)
+        found = speedup.kernel_speedup_from_records(speedup.load(records_path), workload)
         workload = attribution.with_kernel_speedup(workload, found["kernel_speedup"],
-                                                   records.speedup_source(found))
+                                                   speedup.speedup_source(found))
     if kernel_speedup is not None:
         workload = attribution.with_kernel_speedup(
             workload, kernel_speedup, "given on the command line (--kernel-speedup)")
