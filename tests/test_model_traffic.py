@@ -383,3 +383,37 @@ def test_flash_decoding_partials_are_the_kernel_buffers():
                                   "LSE partial (fp32)": lse_part.numel() * 4}
     assert dict(combine.reads) == dict(split.writes)
     assert model.bytes_of("O partial (fp32)") == 2 * o_part.numel() * 4
+
+
+def test_attnlab_backward_is_two_launches_with_d_from_the_dq_pass():
+    t = traffic.backward_traffic(CAUSAL, variant="attnlab")
+    dq, dkdv = t.kernels
+    q_rows = 135_168  # as in the two-pass layout: Q rows over visible tile pairs
+    assert dict(dq.reads) == {"Q": ACT, "dO": ACT, "O": ACT, "LSE": 4096 * 4,
+                              "K": 67_584 * ROW, "V": 67_584 * ROW}
+    assert dict(dq.writes) == {"dQ": ACT, "D": 4096 * 4}
+    assert dict(dkdv.reads) == {"K": ACT, "V": ACT, "Q": q_rows * ROW, "dO": q_rows * ROW,
+                                "LSE": q_rows * 4, "D": q_rows * 4}
+    assert dict(dkdv.writes) == {"dK": ACT, "dV": ACT}
+    # One read of O replaces the preprocess's O and dO reads and D write and re-read.
+    fa2 = traffic.backward_traffic(CAUSAL, variant="two-pass")
+    assert fa2.total_bytes - t.total_bytes == ACT + 4096 * 4
+
+
+def test_attnlab_backward_reads_kv_once_per_kv_head_and_adds_no_reduction():
+    shape = preset("qwen-gqa").shape(1024)
+    t = traffic.backward_traffic(shape, scope="layer", variant="attnlab")
+    assert len(t.kernels) == 2
+    per_head = 1024 * 256 * 2
+    dkdv = t.kernels[1]
+    assert dict(dkdv.writes) == {"dK": 4 * per_head, "dV": 4 * per_head}
+    assert dict(dkdv.reads)["K"] == 4 * per_head
+
+
+def test_the_sm90_dkdv_path_reads_the_lse_in_log2_units_written_by_dq():
+    t = traffic.backward_traffic(CAUSAL, variant="attnlab-sm90")
+    dq, dkdv = t.kernels
+    assert dict(dq.writes)["LSE (log2)"] == 4096 * 4
+    assert "LSE (log2)" in dict(dkdv.reads) and "LSE" not in dict(dkdv.reads)
+    assert t.total_bytes - traffic.backward_traffic(CAUSAL, variant="attnlab").total_bytes == \
+        4096 * 4

@@ -381,7 +381,7 @@ def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: 
 
 
 # ----- backward ------------------------------------------------------------------------
-BACKWARD_VARIANTS = ("two-pass", "atomic-dq")
+BACKWARD_VARIANTS = ("two-pass", "atomic-dq", "attnlab", "attnlab-sm90")
 
 
 def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope: str = "head",
@@ -396,6 +396,14 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     (read and written each time), then a kernel converting it to the input dtype.
     With GQA (group > 1), every query head writes its own dK/dV and a reduction sums
     them per KV head, as flash-attn 2 does.
+
+    ``"attnlab"`` is attnlab's own two launches (``kernels/backward.py``): no preprocess
+    -- the dQ kernel (query tiles outer) runs first, forms D = rowsum(dO * O) from the O
+    and dO rows it holds and writes it; then the dK/dV kernel, one program per (KV
+    block, KV head), loops over the group's query heads with dK/dV in registers, so K/V
+    are read and dK/dV written once per KV head and there is no reduction.
+    ``"attnlab-sm90"`` is the same with the Gluon dK/dV kernel, for which the dQ kernel
+    also writes LSE in log2 units, read in place of the LSE.
     """
     check_shape(shape)
     if variant not in BACKWARD_VARIANTS:
@@ -412,6 +420,8 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     qo = heads * s.seqlen_q * act
     kv = heads * s.seqlen_k * act
     stats = heads * s.seqlen_q * STATS_BYTES
+    if variant.startswith("attnlab"):
+        return _attnlab_backward(sc, shape, variant, q_rows_per_pair, kv_rows_per_pair, pairs)
     stages = [sc.kernel("backward preprocess D = rowsum(dO * O)", {"O": qo, "dO": qo}, {"D": stats},
                         2 * s.head_dim * s.seqlen_q * heads)]
     if variant == "two-pass":
@@ -455,6 +465,41 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
                      f"tiles: B_r={s.block_m} query rows, B_c={s.block_n} key rows in both passes",
                      "LSE and D are FP32",
                      "logical: no cache reuse"),
+    )
+
+
+def _attnlab_backward(sc, shape: AttentionShape, variant: str, q_rows_per_pair: int,
+                      kv_rows_per_pair: int, pairs: int) -> Traffic:
+    """backward_traffic's ``"attnlab"`` and ``"attnlab-sm90"`` (see there)."""
+    s = sc.shape
+    heads = s.batch * s.query_heads
+    act = s.head_dim * s.element_bytes
+    qo = heads * s.seqlen_q * act
+    stats = heads * s.seqlen_q * STATS_BYTES
+    kv_once = s.batch * s.kv_heads * s.seqlen_k * act  # per KV head: no GQA expansion
+    lse = "LSE (log2)" if variant == "attnlab-sm90" else "LSE"
+    dq_writes = {"dQ": qo, "D": stats, **({lse: stats} if lse != "LSE" else {})}
+    stages = (
+        sc.kernel("attnlab dQ (query tiles outer; forms and writes D)",
+                  {"Q": qo, "dO": qo, "O": qo, "LSE": stats,
+                   "K": heads * kv_rows_per_pair * act, "V": heads * kv_rows_per_pair * act},
+                  dq_writes, 6 * s.head_dim * pairs * heads + 2 * s.head_dim * s.seqlen_q * heads),
+        sc.kernel("attnlab dK/dV (KV tiles outer, the GQA group summed in registers)",
+                  {"K": kv_once, "V": kv_once, "Q": heads * q_rows_per_pair * act,
+                   "dO": heads * q_rows_per_pair * act, lse: heads * q_rows_per_pair * STATS_BYTES,
+                   "D": heads * q_rows_per_pair * STATS_BYTES},
+                  {"dK": kv_once, "dV": kv_once}, 8 * s.head_dim * pairs * heads),
+    )
+    kernel = "the Gluon sm_90 dK/dV kernel" if variant == "attnlab-sm90" else "the Triton kernels"
+    return Traffic(
+        variant=f"{variant}-backward",
+        label=f"attnlab backward ({kernel}), {mask_condition(shape)}",
+        scope=sc.name, condition=mask_condition(shape), shape=shape, layers=sc.layers,
+        kernels=stages,
+        assumptions=("S and P recomputed from Q, K and the forward's LSE, never loaded",
+                     "D formed by the dQ kernel from the O and dO rows it loads",
+                     f"tiles: B_r={s.block_m} query rows, B_c={s.block_n} key rows in both kernels",
+                     "LSE and D are FP32", "logical: no cache reuse"),
     )
 
 
