@@ -214,7 +214,9 @@ def run_bench(args: argparse.Namespace) -> int:
         from attnlab.measure import records as rec
         from attnlab.measure.plots import plot_records, with_sibling_ceilings
 
-        path = check_out_dir(args.out or DEFAULT_OUT) / BENCH_RECORDS
+        # Reading: --out may also name a records file (the committed measure.jsonl).
+        given = Path(args.out or DEFAULT_OUT)
+        path = given if given.is_file() else given / BENCH_RECORDS
         plots = _plots_dir(path.parent, args.plots)
         written = plot_records(with_sibling_ceilings(rec.load_records(path), path), plots)
         if args.json:
@@ -433,7 +435,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--no-plots", action="store_true", help="do not write plots")
     bench.add_argument("--replot", action="store_true",
                        help="measure nothing: redraw the plots from the records in --out "
-                            "(works without a GPU)")
+                            "(its bench.jsonl, or a records file; works without a GPU)")
     bench.add_argument("--json", action="store_true", help="print records as JSON")
     bench.set_defaults(run=run_bench)
 
