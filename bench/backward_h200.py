@@ -665,15 +665,15 @@ def parse_ints(text: str, option: str, allowed=None) -> list[int]:
 bench = Bench("backward_h200", __doc__)
 bench.option("--quick", action="store_true",
              help="thinned correctness grid, no tuning, four benchmark points")
+bench.option("--flex", choices=("default", "all", "none"), default="default")
+bench.option("--sm90-seqlens", default="4096,1024,16384,2048,8192")
+bench.option("--sm90-heads", default="128,64")
 bench.option("--tune-heads", default="128,64,256",
              help="head dims to tune, in order, while the tune budget lasts")
 bench.option("--tune-seqlens", default="4096",
              help="sequence lengths to tune (one length bucket each), in order")
-bench.option("--sm90-seqlens", default="4096,1024,16384,2048,8192")
-bench.option("--sm90-heads", default="128,64")
 bench.option("--sm90-skip-accuracy", action="store_true",
              help="time only (the candidates' accuracy was recorded before)")
-bench.option("--flex", choices=("default", "all", "none"), default="default")
 bench.option("--providers", default=",".join(BENCH_PROVIDERS),
              help="bench providers, comma-separated (default: all five)")
 bench.option("--shapes", default="", help="bench only shapes whose description contains one "
