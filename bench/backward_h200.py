@@ -31,43 +31,39 @@
    Records in ``attnlab.measure.records``' schema, upserted into
    ``backward_bench.jsonl``.
 
-Default: about 5 minutes including compiles; ``--quick``: a thinned correctness grid
-and four benchmark points, about 2 minutes.
+Default: about 5 minutes including compiles; ``--quick``: a thinned correctness grid,
+no tuning and four benchmark points, about 2 minutes.  A configuration of
+attnlab.measure.engine: phases, their budgets (``--correct-budget`` ...), --out, the
+environment and the records are the engine's.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.resources
 import itertools
 import json
 import math
-import os
 import sys
 import time
 
 import torch
 
 from attnlab.accuracy import check_gradients
+from attnlab.cli_support import parse_int_list
 from attnlab.kernels import configs as config_table
 from attnlab.kernels.backward import flash_backward
 from attnlab.kernels.configs import BackwardConfig, backward_config, head_dim_padded, length_bucket
 from attnlab.kernels.forward import flash_forward
+from attnlab.measure.engine import BUDGET_SPENT, Bench
 from attnlab.measure.providers import prepare, provider
-from attnlab.measure.records import environment, make_record, skipped_record, upsert_records
+from attnlab.measure.records import make_record, skipped_record
 from attnlab.measure.timing import time_call
 from attnlab.model.flops import conventional_attention_flops
 from attnlab.shapes import AttentionShape
 
-COMMAND = "PYTHONPATH=src python3 bench/backward_h200.py " + " ".join(sys.argv[1:])
 FWDBWD_FACTOR = 3.5  # forward + backward = 3.5x the forward's matmul FLOPs (2.5x for backward)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def log_line(path: str, row: dict) -> None:
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(row) + "\n")
 
 
 def make_inputs(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, seed=0):
@@ -98,7 +94,8 @@ MASKS = {
 HEAD_DIMS = (32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256)
 
 
-def correctness_cases(quick: bool) -> list[tuple]:
+def correctness_cases(args) -> list[tuple]:
+    quick = args.quick
     pairs = [(1, 1), (1, 239), (239, 1), (113, 203), (203, 113), (1023, 1024), (2048, 2048)]
     heads = [(4, 4), (6, 2), (4, 1)]
     cases = []
@@ -131,27 +128,24 @@ def accuracy_case(row: dict, inputs: tuple, seed: int, options: dict,
     return passed
 
 
-def phase_correct(out_dir: str, env: dict, quick: bool, budget_s: float) -> int:
-    path = os.path.join(out_dir, "backward_correctness.jsonl")
+def phase_correct(ctx) -> None:
+    """dQ, dK, dV against float64 by the gradient rule on a compact grid, bit-identical repeats."""
     started, failures, count = time.time(), 0, 0
-    for head_dim, (seqlen_q, seqlen_k), (hq, hk), mask, dtype in correctness_cases(quick):
-        if time.time() - started > budget_s:
-            print("correct: time budget spent", flush=True)
-            break
+    for head_dim, (seqlen_q, seqlen_k), (hq, hk), mask, dtype in ctx.within_budget(ctx.plan):
         row = {"what": "backward_accuracy", "head_dim": head_dim, "seqlen_q": seqlen_q,
                "seqlen_k": seqlen_k, "heads": hq, "kv_heads": hk, "mask": mask, "dtype": dtype,
-               **env}
+               **ctx.env}
         passed = accuracy_case(row, (2, hq, hk, seqlen_q, seqlen_k, head_dim, DTYPES[dtype]),
                                head_dim + seqlen_q, MASKS[mask], {"deterministic": True})
         count += 1
         failures += not passed
-        log_line(path, row)
+        ctx.append_row("backward_correctness.jsonl", row)
         if not passed:
             print(f"FAIL d={head_dim} {seqlen_q}x{seqlen_k} h={hq}/{hk} {mask} {dtype}: "
                   f"{row.get('errors', row.get('error'))}", flush=True)
     print(f"correctness: {count - failures}/{count} passed ({time.time() - started:.0f} s)",
           flush=True)
-    return failures
+    ctx.fail(failures)
 
 
 # ---------------------------------------------------------------------------
@@ -194,15 +188,24 @@ def accurate(config: BackwardConfig, head_dim: int, causal: bool) -> bool:
                                                  scale=1.0 / math.sqrt(head_dim), causal=causal))
 
 
-def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float,
-               seqlens: list[int]) -> dict:
-    path = os.path.join(out_dir, "backward_tuning.jsonl")
-    started = time.time()
+def tune_plan(args) -> list[tuple[int, int, bool]]:
+    """(N, head dim, causal) in the order they are tuned (while the budget lasts)."""
+    if args.quick:
+        return []
+    head_dims = parse_ints(args.tune_heads, "--tune-heads", allowed=TUNE_SHAPES)
+    return list(itertools.product(parse_ints(args.tune_seqlens, "--tune-seqlens"), head_dims,
+                                  (True, False)))
+
+
+def phase_tune(ctx) -> dict:
+    """BackwardConfig candidates for the backward alone: dK/dV tiles, then dQ tiles."""
+    env = ctx.env
     winners: dict[tuple[int, bool, int], BackwardConfig] = {}
-    for seqlen, head_dim, causal in itertools.product(seqlens, head_dims, (True, False)):
-        if time.time() - started > budget_s:
-            print("tune: time budget spent", flush=True)
-            break
+
+    def log_line(row):
+        ctx.append_row("backward_tuning.jsonl", row)
+
+    for seqlen, head_dim, causal in ctx.within_budget(ctx.plan):
         hq, hk = TUNE_SHAPES[head_dim]
         batch = max(1, 16384 // seqlen)
         shape = AttentionShape(batch=batch, query_heads=hq, kv_heads=hk, seqlen_q=seqlen,
@@ -227,19 +230,15 @@ def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float,
                     scored.append((ms, config))
             except Exception as error:  # noqa: BLE001 - a config that cannot run is data
                 row.update(error=f"{type(error).__name__}: {str(error)[:300]}")
-            log_line(path, row)
+            log_line(row)
 
-        for block_m, block_n, warps, stages in dkdv_candidates(head_dim):
-            if time.time() - started > budget_s:
-                break
+        for block_m, block_n, warps, stages in ctx.within_budget(dkdv_candidates(head_dim)):
             try_config(BackwardConfig(block_m, block_n, base.dq_block_m, base.dq_block_n,
                                       warps, stages), "dkdv")
         if not scored:
             continue
         best = min(scored)[1]
-        for block_m, block_n in dq_candidates(head_dim):
-            if time.time() - started > budget_s:
-                break
+        for block_m, block_n in ctx.within_budget(dq_candidates(head_dim)):
             candidate = BackwardConfig(best.dkdv_block_m, best.dkdv_block_n, block_m, block_n,
                                        best.num_warps, best.num_stages)
             if candidate != best:
@@ -247,7 +246,7 @@ def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float,
         best_ms, best = min(scored)
         key = (head_dim_padded(head_dim), causal, length_bucket(seqlen))
         winners[key] = best
-        log_line(path, {"what": "backward_config_winner", "head_dim_pad": key[0],
+        log_line({"what": "backward_config_winner", "head_dim_pad": key[0],
                         "masked": causal, "bucket": key[2], "config": best.as_dict(),
                         "p50_ms": best_ms, "tflops": backward_flops / best_ms / 1e9, **env})
         print(f"tune d={head_dim} masked={causal}: {best} {backward_flops / best_ms / 1e9:.0f} "
@@ -258,6 +257,8 @@ def phase_tune(out_dir: str, env: dict, head_dims: list[int], budget_s: float,
             print(f"    ({d}, {m}, {b}): BackwardConfig({c.dkdv_block_m}, {c.dkdv_block_n}, "
                   f"{c.dq_block_m}, {c.dq_block_n}, {c.num_warps}, {c.num_stages}),")
         print("}")
+    # The benchmark after it uses the winners, as a user would once they are committed.
+    config_table.BACKWARD_TUNED.update(winners)
     return winners
 
 
@@ -271,19 +272,28 @@ SM90_ACCURACY_PAIRS = [(1, 1), (1, 239), (239, 1), (113, 203), (203, 113), (1023
                        (2048, 2048), (64, 4000)]
 
 
-def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
-               head_dims: list[int], accuracy: bool = True) -> int:
-    """Accuracy of every candidate (the full grid for the defaults, four cases for the
+def sm90_plan(args) -> list[tuple[int, int, bool]]:
+    """(N, head dim, causal) of the timing sweep, in order (while the budget lasts)."""
+    head_dims = parse_ints(args.sm90_heads, "--sm90-heads", allowed=SM90_CANDIDATES)
+    return list(itertools.product(parse_ints(args.sm90_seqlens, "--sm90-seqlens"), head_dims,
+                                  (True, False)))
+
+
+def phase_sm90(ctx) -> None:
+    """The Gluon sm_90 dK/dV kernel's candidates: accuracy, then timed against the Triton one.
+
+    Accuracy of every candidate (the full grid for the defaults, four cases for the
     others), bit-identical repeats, then the backward timed with each candidate's dK/dV
     against the Triton dK/dV kernel (same dQ kernel and tiles) at the benchmark's shapes.
     Writes sm90_backward_sweep.jsonl and the dispatch-table candidate
     sm90_backward_dispatch.json (buckets where a candidate is >= 2% faster)."""
     from attnlab.kernels import backward_sm90 as sm90
 
-    path = os.path.join(out_dir, "sm90_backward_sweep.jsonl")
+    env, path = ctx.env, "sm90_backward_sweep.jsonl"
+    head_dims = parse_ints(ctx.args.sm90_heads, "--sm90-heads", allowed=SM90_CANDIDATES)
     started, failures, count, inaccurate = time.time(), 0, 0, set()
     heads = [(4, 4), (6, 2), (4, 1)]
-    for head_dim in head_dims if accuracy else ():
+    for head_dim in head_dims if not ctx.args.sm90_skip_accuracy else ():
         for block_m, stages in SM90_CANDIDATES[head_dim]:
             config = sm90.Sm90BackwardConfig(block_m, stages)
             is_default = config == sm90.DEFAULT_CONFIGS[head_dim]
@@ -300,7 +310,7 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
                     head_dim + seqlen_q + i, {"causal": causal, "dkdv_sm90": config}, {})
                 count += 1
                 failures += not passed
-                log_line(path, row)
+                ctx.append_row(path, row)
                 if not passed:
                     inaccurate.add(config.name())
                     print(f"FAIL sm90 {config.name()} d={head_dim} {seqlen_q}x{seqlen_k} "
@@ -310,10 +320,7 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
           flush=True)
 
     entries, lines, measured = [], [], set()
-    for seqlen, head_dim, causal in itertools.product(seqlens, head_dims, (True, False)):
-        if time.time() - started > budget_s:
-            print("sm90: time budget spent", flush=True)
-            break
+    for seqlen, head_dim, causal in ctx.within_budget(ctx.plan):
         batch = max(1, 16384 // seqlen)
         shape = AttentionShape(batch=batch, query_heads=16, kv_heads=16, seqlen_q=seqlen,
                                seqlen_k=seqlen, head_dim=head_dim, dtype="bf16", causal=causal)
@@ -329,10 +336,10 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
                 timed[config.name()] = time_backward(q, k, v, dout, out, lse, None, causal,
                                                      dkdv_sm90=config)
             except Exception as error:  # noqa: BLE001 - a config that cannot run is data
-                log_line(path, {"what": "sm90_backward_time", "config": config.name(),
+                ctx.append_row(path, {"what": "sm90_backward_time", "config": config.name(),
                                 "shape": shape.as_dict(), "error": str(error)[:300], **env})
         for name, ms in timed.items():
-            log_line(path, {"what": "sm90_backward_time", "config": name,
+            ctx.append_row(path, {"what": "sm90_backward_time", "config": name,
                             "shape": shape.as_dict(), "p50_ms": ms,
                             "tflops": backward_flops / ms / 1e9,
                             "vs_triton": timed["triton"] / ms, **env})
@@ -363,15 +370,15 @@ def phase_sm90(out_dir: str, env: dict, budget_s: float, seqlens: list[int],
                                                  "cuda_runtime", "cudnn", "git_commit",
                                                  "timestamp", "command")},
              "min_gain": 1.02, "entries": entries}
-    with open(os.path.join(out_dir, "sm90_backward_dispatch.json"), "w",
-              encoding="utf-8") as handle:
-        json.dump(table, handle, indent=1)
+    ctx.path("sm90_backward_dispatch.json").write_text(json.dumps(table, indent=1),
+                                                       encoding="utf-8")
     print("\n".join(lines))
-    return failures
+    ctx.fail(failures)
 
 
 # ---------------------------------------------------------------------------
 def bench_shapes(quick: bool) -> list[AttentionShape]:
+    """The fwd+bwd table's shapes (--quick: four of them)."""
     shapes = []
     for head_dim, causal, seqlen in itertools.product((128, 64), (True, False),
                                                       (1024, 4096, 16384)):
@@ -444,19 +451,28 @@ def measure(name: str, call, inputs: tuple, shape: AttentionShape, record_env: d
 BENCH_PROVIDERS = ("sdpa_cudnn", "sdpa_flash", "flex", "attnlab", "attnlab_deterministic")
 
 
-def phase_bench(out_dir: str, quick: bool, flex_mode: str, budget_s: float, profile: bool,
-                providers: tuple[str, ...] = BENCH_PROVIDERS, shape_filter: tuple[str, ...] = ()):
-    record_env = environment(COMMAND)
-    started = time.time()
+def bench_plan(args) -> list[tuple[AttentionShape, list[str]]]:
+    """(shape, providers) per point: --shapes filters the shapes, --providers names them."""
+    names = [n for n in args.providers.split(",") if n]
+    for name in names:
+        if name != "attnlab_deterministic":
+            provider(name)  # an unknown name is refused now, not after the compiles
+    parts = [p for p in args.shapes.split(",") if p]
+    return [(shape, names) for shape in bench_shapes(args.quick)
+            if not parts or any(part in shape.describe() for part in parts)]
+
+
+def phase_bench(ctx) -> list:
+    """Forward + backward of attnlab (and deterministic) against cuDNN, FA2 and Flex."""
+    record_env, args = ctx.env, ctx.args
+    flex_mode = "none" if args.quick and args.flex == "default" else args.flex
     records, table = [], []
-    for shape in bench_shapes(quick):
-        if shape_filter and not any(part in shape.describe() for part in shape_filter):
-            continue
+    for shape, providers in ctx.plan:
         row = {}
         for name in providers:
             reason = flex_wanted(shape, flex_mode) if name == "flex" else None
-            if reason is None and time.time() - started > budget_s:
-                reason = f"bench time budget ({budget_s:.0f} s) spent before this point"
+            if reason is None and ctx.spent():
+                reason = BUDGET_SPENT
             if reason is not None:
                 records.append(skipped_record(provider=name, phase="fwdbwd", shape=shape,
                                               reason=reason, env=record_env))
@@ -469,7 +485,7 @@ def phase_bench(out_dir: str, quick: bool, flex_mode: str, budget_s: float, prof
                     prepared = prepare(provider(name), shape, "fwdbwd", "cuda")
                     call, unpinned, pin = prepared.call, prepared.unpinned_call, prepared.pin
                 inputs = prepared.inputs()
-                measured = measure(name, call, inputs, shape, record_env, profile,
+                measured = measure(name, call, inputs, shape, record_env, args.profile,
                                    unpinned_call=unpinned, pin=pin)
                 records.extend(measured)
                 row[name] = (measured[0]["tflops"], measured[1]["p50"])
@@ -482,14 +498,15 @@ def phase_bench(out_dir: str, quick: bool, flex_mode: str, budget_s: float, prof
             torch.cuda.empty_cache()
         table.append((shape, row))
         # Upserted shape by shape, so a run stopped by its time limit keeps what it measured.
-        upsert_records(os.path.join(out_dir, "backward_bench.jsonl"), records)
+        ctx.upsert("backward_bench.jsonl", records)
         records = []
         print(f"{shape.describe()}: " + " ".join(f"{n}={t:.0f}" for n, (t, _) in row.items()),
               flush=True)
     return table
 
 
-def print_table(table) -> None:
+def print_table(ctx) -> None:
+    table = ctx.results.get("bench") or []
     nan = float("nan")
     print("\nforward+backward TFLOP/s (bf16, 3.5x forward FLOPs); peak MiB in brackets")
     print(f"{'shape':44s} {'attnlab':>13s} {'det':>7s} {'cuDNN':>13s} {'flash':>13s} "
@@ -516,23 +533,25 @@ PROFILE_SHAPES = [(128, 1024, True), (128, 1024, False), (128, 4096, True), (64,
                   (64, 1024, False)]
 
 
-def phase_profile(out_dir: str, env: dict) -> None:
+def profile_plan(args) -> list[AttentionShape]:
+    return [AttentionShape(batch=16384 // seqlen, query_heads=16, kv_heads=16, seqlen_q=seqlen,
+                           seqlen_k=seqlen, head_dim=head_dim, dtype="bf16", causal=causal)
+            for head_dim, seqlen, causal in PROFILE_SHAPES]
+
+
+def phase_profile(ctx) -> None:
     """Where one forward+backward call's time goes: host time per call (launches only,
     no sync), the event-timed call, the CUDA-graph replay, and the profiler's kernels."""
-    path = os.path.join(out_dir, "backward_profile.jsonl")
-    for head_dim, seqlen, causal in PROFILE_SHAPES:
-        shape = AttentionShape(batch=16384 // seqlen, query_heads=16, kv_heads=16,
-                               seqlen_q=seqlen, seqlen_k=seqlen, head_dim=head_dim,
-                               dtype="bf16", causal=causal)
+    for shape in ctx.plan:
         prepared = prepare(provider("attnlab"), shape, "fwdbwd", "cuda")
         inputs = prepared.inputs()
         call = prepared.call
         host_ms, events, graph, kernels = call_profile(call, inputs)
         row = {"what": "fwdbwd_profile", "shape": shape.as_dict(), "host_ms": host_ms,
-               "event_ms": events, "graph_ms": graph, "kernels_ms": kernels, **env}
-        log_line(path, row)
-        if head_dim == 128 and seqlen == 1024 and causal:
-            _host_profile(call, inputs, out_dir)
+               "event_ms": events, "graph_ms": graph, "kernels_ms": kernels, **ctx.env}
+        ctx.append_row("backward_profile.jsonl", row)
+        if (shape.head_dim, shape.seqlen_q, shape.causal) == (128, 1024, True):
+            ctx.path("backward_host_profile.txt").write_text(host_profile(call, inputs))
         print(f"profile {shape.describe()}: host {host_ms:.3f} ms/call, events {events:.3f}, "
               f"graph {graph if isinstance(graph, str) else f'{graph:.3f}'}; kernels "
               + ", ".join(f"{n}={t:.3f}" for n, t in sorted(kernels.items(), key=lambda x: -x[1])),
@@ -570,8 +589,7 @@ def call_profile(call, inputs) -> tuple[float, float, float | str, dict[str, flo
     return host_ms, events, graph, kernels
 
 
-def _host_profile(call, inputs, out_dir: str, calls: int = 30,
-                  name: str = "backward_host_profile.txt") -> None:
+def host_profile(call, inputs, calls: int = 30) -> str:
     """cProfile of the host side of ``calls`` calls (the GPU runs behind), top entries."""
     import cProfile
     import io
@@ -587,11 +605,10 @@ def _host_profile(call, inputs, out_dir: str, calls: int = 30,
     stats = pstats.Stats(profiler, stream=text)
     stats.sort_stats("tottime").print_stats(30)
     stats.sort_stats("cumulative").print_stats(40)
-    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-        f.write(f"{calls} calls\n" + text.getvalue())
+    return f"{calls} calls\n" + text.getvalue()
 
 
-def phase_edge(out_dir: str, env: dict) -> None:
+def phase_edge(ctx) -> None:
     """Gradient error against float64 of attnlab and of SDPA's backends on the tiny
     lengths with inputs x5 (the test's cases), beside the test's yardstick."""
     import torch.nn.functional as F
@@ -599,7 +616,6 @@ def phase_edge(out_dir: str, env: dict) -> None:
 
     from attnlab.accuracy import reference_gradients
 
-    path = os.path.join(out_dir, "backward_edge.jsonl")
     backends = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
                 "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
     for seqlens in ((1, 1), (1, 239), (239, 1)):
@@ -630,72 +646,48 @@ def phase_edge(out_dir: str, env: dict) -> None:
                 errors[name] = [(g.double() - o).abs().max().item() for g, o in zip(grads, oracle, strict=True)]
             except Exception as error:  # noqa: BLE001 - a backend that refuses the shape
                 errors[name] = f"{type(error).__name__}: {str(error)[:120]}"
-        log_line(path, {"what": "backward_edge_errors", "seqlens": seqlens,
-                        "errors_dq_dk_dv": errors, **env})
+        ctx.append_row("backward_edge.jsonl", {"what": "backward_edge_errors", "seqlens": seqlens,
+                                               "errors_dq_dk_dv": errors, **ctx.env})
         print(f"edge {seqlens}: " + "; ".join(
             f"{n}=" + (",".join(f"{e:.3f}" for e in errs) if isinstance(errs, list) else errs)
             for n, errs in errors.items()), flush=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--phases", default="correct,tune,bench")
-    parser.add_argument("--quick", action="store_true",
-                        help="thinned correctness grid, no tuning, four benchmark points")
-    parser.add_argument("--tune-heads", default="128,64,256",
-                        help="head dims to tune, in order, while the tune budget lasts")
-    parser.add_argument("--correct-budget", type=float, default=45.0)
-    parser.add_argument("--tune-seqlens", default="4096",
-                        help="sequence lengths to tune (one length bucket each), in order")
-    parser.add_argument("--tune-budget", type=float, default=90.0)
-    parser.add_argument("--bench-budget", type=float, default=150.0)
-    parser.add_argument("--sm90-budget", type=float, default=200.0)
-    parser.add_argument("--sm90-seqlens", default="4096,1024,16384,2048,8192")
-    parser.add_argument("--sm90-heads", default="128,64")
-    parser.add_argument("--sm90-skip-accuracy", action="store_true",
-                        help="time only (the candidates' accuracy was recorded before)")
-    parser.add_argument("--flex", choices=("default", "all", "none"), default="default")
-    parser.add_argument("--providers", default=",".join(BENCH_PROVIDERS),
-                        help="bench providers, comma-separated (default: all five)")
-    parser.add_argument("--shapes", default="",
-                        help="bench only shapes whose description contains one of these "
-                             "comma-separated parts, e.g. 'Nq=1024,d=64'")
-    parser.add_argument("--profile", action="store_true", help="list each call's kernels")
-    args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    phases = set(args.phases.split(","))
-    if args.quick:
-        phases.discard("tune")
-    env = environment(COMMAND)
-    print(json.dumps(env), flush=True)
-    started = time.time()
+def parse_ints(text: str, option: str, allowed=None) -> list[int]:
+    """Comma-separated ints for ``option``; with ``allowed``, each must be one of them."""
+    values = parse_int_list(text, option)
+    bad = [v for v in values if allowed is not None and v not in allowed]
+    if bad:
+        raise ValueError(f"{option}: {bad[0]} is not one of {', '.join(map(str, allowed))}")
+    return values
 
-    if "edge" in phases:
-        phase_edge(args.out, env)
-    if "profile" in phases:
-        phase_profile(args.out, env)
-    failures = phase_correct(args.out, env, args.quick, args.correct_budget) \
-        if "correct" in phases else 0
-    if "sm90" in phases:
-        failures += phase_sm90(args.out, env, args.sm90_budget,
-                               [int(n) for n in args.sm90_seqlens.split(",")],
-                               [int(d) for d in args.sm90_heads.split(",")],
-                               accuracy=not args.sm90_skip_accuracy)
-    if "tune" in phases:
-        winners = phase_tune(args.out, env, [int(d) for d in args.tune_heads.split(",")],
-                             args.tune_budget, [int(n) for n in args.tune_seqlens.split(",")])
-        # The benchmark below uses the winners, as a user would once they are committed.
-        config_table.BACKWARD_TUNED.update(winners)
-    table = phase_bench(args.out, args.quick, "none" if args.quick and args.flex == "default"
-                        else args.flex, args.bench_budget, args.profile,
-                        tuple(args.providers.split(",")),
-                        tuple(p for p in args.shapes.split(",") if p)) \
-        if "bench" in phases else []
-    print_table(table)
-    print(f"\ncorrectness failures: {failures}; total {time.time() - started:.0f} s")
-    return 1 if failures else 0
+
+bench = Bench("backward_h200", __doc__)
+bench.option("--quick", action="store_true",
+             help="thinned correctness grid, no tuning, four benchmark points")
+bench.option("--flex", choices=("default", "all", "none"), default="default")
+bench.option("--sm90-seqlens", default="4096,1024,16384,2048,8192")
+bench.option("--sm90-heads", default="128,64")
+bench.option("--tune-heads", default="128,64,256",
+             help="head dims to tune, in order, while the tune budget lasts")
+bench.option("--tune-seqlens", default="4096",
+             help="sequence lengths to tune (one length bucket each), in order")
+bench.option("--sm90-skip-accuracy", action="store_true",
+             help="time only (the candidates' accuracy was recorded before)")
+bench.option("--providers", default=",".join(BENCH_PROVIDERS),
+             help="bench providers, comma-separated (default: all five)")
+bench.option("--shapes", default="", help="bench only shapes whose description contains one "
+                                          "of these comma-separated parts, e.g. 'Nq=1024,d=64'")
+bench.option("--profile", action="store_true", help="list each call's kernels")
+# The order they run in: the ones only run when asked first, the tuning before the table.
+bench.phase("edge", default=False)(phase_edge)
+bench.phase("profile", default=False, plan=profile_plan)(phase_profile)
+bench.phase("correct", cap_s=45.0, plan=correctness_cases)(phase_correct)
+bench.phase("sm90", default=False, cap_s=200.0, plan=sm90_plan)(phase_sm90)
+bench.phase("tune", cap_s=90.0, plan=tune_plan)(phase_tune)
+bench.phase("bench", cap_s=150.0, plan=bench_plan)(phase_bench)
+bench.finish(print_table)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

@@ -2,7 +2,8 @@
 
 One call does everything (issue #13's grid), so a lease is spent on measurements:
 
-    PYTHONPATH=src python3 bench/decode_h200.py --out $OUT [--quick] [--tune]
+    PYTHONPATH=src python3 bench/decode_h200.py --out $OUT [--quick]
+        [--phases correct,ceiling,timing,tune]
 
 1. correctness (float64 reference, the accuracy rule): 4k/32k/128k caches, paged
    (16, 256) == contiguous, per-sequence lengths, append + rotary, CUDA-graph capture;
@@ -14,20 +15,19 @@ One call does everything (issue #13's grid), so a lease is spent on measurements
    paged (page 16 and 256, attnlab only); plus seqlen_q = 4 and 16 (speculative
    decoding).  Per point: median latency, K/V bytes read per second, and for attnlab
    the split count and programs launched against the SMs;
-4. ``--tune``: a few points with other split counts and key tiles (decode_tuning.jsonl).
+4. ``tune`` (only when asked): a few points with other split counts and key tiles
+   (decode_tuning.jsonl).
 
 Writes decode.jsonl (records schema, phase "decode"), decode_launch.jsonl,
-correctness.jsonl, decode_tuning.jsonl into --out; prints a table last.
+correctness.jsonl, decode_tuning.jsonl into --out; prints a table last.  A
+configuration of attnlab.measure.engine (phases, --out, environment, records).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import torch
 
@@ -36,17 +36,20 @@ from attnlab.accuracy import check_accuracy
 from attnlab.kernels.configs import DecodeConfig, decode_config
 from attnlab.kernels.decode import flash_decode, launch_plan, sm_count
 from attnlab.measure import records
+from attnlab.measure.engine import Bench
 from attnlab.measure.providers import PROVIDERS, ProviderUnavailable, make_inputs, prepare
 from attnlab.measure.timing import time_call
 from attnlab.model import traffic
 from attnlab.reference.decode import kvcache_attention
 from attnlab.shapes import AttentionShape
 
-COMMAND = "PYTHONPATH=src python3 bench/decode_h200.py " + " ".join(sys.argv[1:])
 HEADS, KV_HEADS, DIM = 32, 8, 128
 PEERS = ("sdpa_cudnn", "sdpa_flash", "flex", "eager")
 KERNEL_NAMES = ["_split_kv_decode", "_combine_partials"]
 FLEX_COMPILE_BUDGET_S = 60.0
+
+bench = Bench("decode_h200", __doc__)
+bench.option("--quick", action="store_true", help="a few points only (~1 minute)")
 
 
 def log(*args) -> None:
@@ -74,8 +77,10 @@ def gathered(pages, table, length):
 
 
 # ----- 1. correctness ----------------------------------------------------------------------
-def correctness(out_dir: Path, env: dict, quick: bool) -> int:
-    rows, failures = [], 0
+@bench.phase("correct")
+def correctness(ctx) -> None:
+    """Flash-decoding against float64: long caches, paged == contiguous, append + rotary + graph."""
+    env, quick, rows, failures = ctx.env, ctx.args.quick, [], 0
 
     def case(name, fn):
         nonlocal failures
@@ -173,14 +178,16 @@ def correctness(out_dir: Path, env: dict, quick: bool) -> int:
              paged_vs_contiguous(page_size, 1))
     case("paged 16 == contiguous, seqlen_q 4", paged_vs_contiguous(16, 4))
     case("append + rotary + CUDA graph == eager == reference", append_rotary_graph)
-    with (out_dir / "correctness.jsonl").open("w") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in rows)
+    ctx.write_rows("correctness.jsonl", rows)
     log(f"correctness: {len(rows) - failures}/{len(rows)} passed")
-    return failures
+    ctx.fail(failures)
 
 
 # ----- 2. the device-copy ceiling --------------------------------------------------------------
-def copy_ceiling(env: dict) -> tuple[dict, float]:
+@bench.phase("ceiling")
+def copy_ceiling(ctx) -> float:
+    """A 2 GiB device-to-device copy: the bytes-per-second roof of a decode."""
+    env = ctx.env
     elements = 2**30  # bf16: 2 GiB
     src = torch.empty(elements, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
@@ -195,7 +202,8 @@ def copy_ceiling(env: dict) -> tuple[dict, float]:
     del src, dst
     torch.cuda.empty_cache()
     log(f"device copy 2 GiB: {timing.p50:.3f} ms, {tbps:.2f} TB/s (read + written)")
-    return record, tbps
+    ctx.upsert("decode.jsonl", [record])
+    return tbps
 
 
 # ----- 3. timing -------------------------------------------------------------------------------
@@ -261,20 +269,28 @@ def peer_call(name: str, shape: AttentionShape):
     return fn, make_inputs(shape, provider.input_layout, "cuda"), pin
 
 
-def timing_grid(quick: bool):
+def timing_grid(args) -> list[AttentionShape]:
+    quick = args.quick
     batches, lengths = ((1, 16), (4096, 32768)) if quick else ((1, 16, 64), (4096, 32768, 131072))
     points = [(b, n, 1) for b in batches for n in lengths]
     spec = [(1, 32768, 4), (16, 32768, 4), (1, 32768, 16), (16, 32768, 16)]
     points += spec[:2] if quick else spec
-    return points
+    for name in ("attnlab", *PEERS):
+        PROVIDERS[name]  # noqa: B018 - a peer renamed in measure.providers fails here, on a CPU
+    return [AttentionShape(batch=batch, query_heads=HEADS, kv_heads=KV_HEADS, seqlen_q=seqlen_q,
+                           seqlen_k=seqlen_k, head_dim=DIM, dtype="bf16", causal=True)
+            for batch, seqlen_k, seqlen_q in points]
 
 
-def timing(env: dict, quick: bool, sms: int):
+@bench.phase("timing", plan=timing_grid)
+def timing(ctx) -> tuple[list, list]:
+    """attnlab's decode (contiguous, paged 16 and 256) and the peers, under CUDA-graph replay."""
+    env, sms = ctx.env, ctx.results["sms"]
     out, launches = [], []
     flex_spent = 0.0
-    for batch, seqlen_k, seqlen_q in timing_grid(quick):
-        shape = AttentionShape(batch=batch, query_heads=HEADS, kv_heads=KV_HEADS, seqlen_q=seqlen_q,
-                               seqlen_k=seqlen_k, head_dim=DIM, dtype="bf16", causal=True)
+    for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
+        batch, seqlen_k, seqlen_q = shape.batch, shape.seqlen_k, shape.seqlen_q
+        first = len(out)
         log(f"== {shape.describe()}")
         plan = launch_plan(batch=batch, kv_heads=KV_HEADS, query_heads=HEADS, seqlen_q=seqlen_q,
                            seqlen_k=seqlen_k, head_dim=DIM, sm_count=sms)
@@ -316,12 +332,16 @@ def timing(env: dict, quick: bool, sms: int):
                 flex_spent += time.perf_counter() - start
             del fn, inputs
             torch.cuda.empty_cache()
+        ctx.upsert("decode.jsonl", out[first:])  # this point's records, kept at once
+    ctx.write_rows("decode_launch.jsonl", launches)
     return out, launches
 
 
 # ----- 4. tuning ---------------------------------------------------------------------------------
-def tuning(env: dict, sms: int):
-    out = []
+@bench.phase("tune", default=False)
+def tuning(ctx) -> None:
+    """Other split counts and key tiles at a few points (decode_tuning.jsonl)."""
+    env, sms, out = ctx.env, ctx.results["sms"], []
     base = decode_config(DIM)
     configs = [base, DecodeConfig(128, 4, 3, 1), DecodeConfig(64, 4, 4, 2), DecodeConfig(32, 4, 4, 3)]
     for batch, seqlen_k in ((1, 32768), (16, 32768), (1, 131072), (64, 4096)):
@@ -347,11 +367,20 @@ def tuning(env: dict, sms: int):
                     out.append(skipped(name, shape, f"failed: {type(error).__name__}: {error}", env))
         del q, k, v
         torch.cuda.empty_cache()
-    return out
+    ctx.upsert("decode_tuning.jsonl", out)
+
+
+@bench.setup
+def setup(ctx) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ctx.results["sms"] = sm_count(torch.device("cuda"))
 
 
 # ----- the table -----------------------------------------------------------------------------------
-def print_table(measured: list[dict], launches: list[dict], ceiling_tbps: float, sms: int) -> None:
+@bench.finish
+def print_table(ctx) -> None:
+    measured, launches = ctx.results.get("timing") or ([], [])
+    ceiling_tbps, sms = ctx.results.get("ceiling") or float("nan"), ctx.results.get("sms")
     by_point: dict[tuple, dict[str, dict]] = {}
     for record in measured:
         s = record["shape"]
@@ -378,37 +407,5 @@ def print_table(measured: list[dict], launches: list[dict], ceiling_tbps: float,
             f"{plan.get('programs', '-')} | " + " | ".join(cells) + f" | {ratio} | {share}")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--quick", action="store_true", help="a few points only (~1 minute)")
-    parser.add_argument("--tune", action="store_true", help="also sweep splits and key tiles")
-    parser.add_argument("--skip-correctness", action="store_true")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    if not torch.cuda.is_available():
-        log("needs a CUDA GPU")
-        return 2
-    torch.backends.cuda.matmul.allow_tf32 = False
-    env = records.environment(COMMAND)
-    sms = sm_count(torch.device("cuda"))
-    started = time.perf_counter()
-    failures = 0 if args.skip_correctness else correctness(args.out, env, args.quick)
-    log(f"[{time.perf_counter() - started:.0f} s] correctness done")
-    ceiling_record, ceiling = copy_ceiling(env)
-    measured, launches = timing(env, args.quick, sms)
-    log(f"[{time.perf_counter() - started:.0f} s] timing done")
-    records.upsert_records(args.out / "decode.jsonl", [ceiling_record, *measured])
-    with (args.out / "decode_launch.jsonl").open("w") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in launches)
-    if args.tune:
-        tuned = tuning(env, sms)
-        records.upsert_records(args.out / "decode_tuning.jsonl", tuned)
-        log(f"[{time.perf_counter() - started:.0f} s] tuning done")
-    print_table(measured, launches, ceiling, sms)
-    log(f"total {time.perf_counter() - started:.0f} s; correctness failures: {failures}")
-    return 1 if failures else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

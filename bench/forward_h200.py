@@ -2,26 +2,23 @@
 
 One call does everything so a lease is spent on measurements, not start-ups:
 
-    PYTHONPATH=src python3 bench/forward_h200.py --out $OUT [--phases correct,tune,bench,profile]
+    PYTHONPATH=src python3 bench/forward_h200.py --out $OUT [--phases tune,correct,bench,profile]
 
 Writes JSON lines to --out (correctness.jsonl, forward_tuning.jsonl,
 prefill_forward.jsonl) and prints a short table last.  TFLOP/s count
 4·B·H·Nq·Nk·d, halved when causal (the convention of ../shared/anchors).
 
-A configuration of attnlab.measure: environment capture and records from
-measure.records, inputs and the peers (SDPA backends, FlexAttention, bottom-right
-causal) from measure.providers, timing from measure.timing (CUDA-graph replay for
-short calls), the benchmark phase from measure.sweep; only the kernel-level phases
-(accuracy grid, config tuning) call the launcher directly.
+A configuration of attnlab.measure.engine (phases, budgets, --out, environment,
+records); inputs and the peers from measure.providers, timing from measure.timing, the
+benchmark phase from measure.sweep; only the kernel-level phases (accuracy grid, config
+tuning) call the launcher directly.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
-import os
 import sys
 import time
 
@@ -31,16 +28,25 @@ from attnlab.accuracy import check_accuracy
 from attnlab.kernels import configs as config_table
 from attnlab.kernels.configs import ForwardConfig, forward_config, length_bucket
 from attnlab.kernels.forward import flash_forward
+from attnlab.measure.engine import Bench
 from attnlab.measure.providers import make_inputs as provider_inputs
-from attnlab.measure.records import environment
+from attnlab.measure.providers import parse_providers
 from attnlab.measure.sweep import conventional_flops
 from attnlab.measure.timing import time_call
 from attnlab.shapes import AttentionShape
 
-COMMAND = "PYTHONPATH=src python3 bench/forward_h200.py " + " ".join(sys.argv[1:])
 # Timed work per tuning candidate; short calls are timed as CUDA-graph replays.
 TUNE_TIMING = {"target_ms": 60.0, "min_repeats": 10, "max_repeats": 200}
 BENCH_TIMING = {"target_ms": 100.0, "min_repeats": 10, "max_repeats": 200}
+BENCH_LENGTHS = {"d128": [1024, 2048, 4096, 8192, 16384], "d64": [1024, 4096, 16384],
+                 "gqa_d256": [1024, 4096, 16384, 32768]}
+FLEX_SOME = {"d128": [1024, 4096, 16384], "d64": [4096], "gqa_d256": [4096, 16384]}
+
+bench = Bench("forward_h200", __doc__)
+bench.option("--flex", nargs="?", const="some", choices=("some", "all"),
+             help="add FlexAttention: at a few lengths per group, or at all")
+bench.option("--groups", default="d128,d64,gqa_d256",
+             help="the bench phase's shape groups (comma-separated)")
 
 
 def flops(shape: AttentionShape) -> int:
@@ -55,57 +61,6 @@ def make_inputs(shape: AttentionShape, layout="bshd", seed=0):
 def time_ms(fn, inputs=((),)) -> tuple[float, float, float]:
     timing = time_call(fn, list(inputs), device="cuda", **TUNE_TIMING)
     return timing.p20, timing.p50, timing.p80
-
-
-# ---------------------------------------------------------------------------
-def phase_correct(env, out_dir):
-    """The accuracy grid at real sizes, both layouts, fp16 and bf16."""
-    cases = []
-    pairs = [(1, 1), (1, 239), (3, 799), (113, 203), (128, 217), (108, 256), (1023, 1024), (4096, 4096)]
-    pairs += [(b, a) for a, b in pairs if a != b]
-    for (nq, nk) in pairs:
-        for d in (32, 59, 64, 111, 128, 256):
-            for (hq, hk) in ((4, 4), (6, 2), (4, 1)):
-                for mask in ("none", "causal", "window", "softcap"):
-                    cases.append((nq, nk, d, hq, hk, mask))
-    # Thin the grid deterministically so it fits a lease: every pair and head dim
-    # and mask appear, GQA ratios rotate.
-    cases = [c for i, c in enumerate(cases) if i % 5 == 0]
-    rows, failures = [], 0
-    for i, (nq, nk, d, hq, hk, mask) in enumerate(cases):
-        dtype = "bf16" if i % 2 else "fp16"
-        shape = AttentionShape(batch=2, query_heads=hq, kv_heads=hk, seqlen_q=nq, seqlen_k=nk,
-                               head_dim=d, dtype=dtype)
-        q, k, v = make_inputs(shape, seed=i)
-        options = dict(causal=mask == "causal", window=(37, 5) if mask == "window" else (-1, -1),
-                       softcap=20.0 if mask == "softcap" else 0.0)
-        scale = 1.0 / math.sqrt(d)
-        out, lse = flash_forward(q, k, v, layout="bshd", scale=scale, **options)
-        out2, _ = flash_forward(q, k, v, layout="bshd", scale=scale, **options)
-        result = check_accuracy(out, lse, q, k, v, scale=scale, layout="bshd", **options)
-        deterministic = torch.equal(out, out2)
-        ok = result.passed and deterministic
-        failures += not ok
-        rows.append({"what": "forward_accuracy", "shape": shape.as_dict(), "mask": mask,
-                     "error": result.error, "allowed": result.allowed,
-                     "lse_rel_error": result.lse_error, "deterministic": deterministic,
-                     "passed": ok, **env})
-        if not ok:
-            print(f"FAIL {shape.describe()} {mask}: err {result.error:.3e} allowed "
-                  f"{result.allowed:.3e} lse {result.lse_error:.2e} det {deterministic}", flush=True)
-    # Extreme logits stay finite.
-    shape = AttentionShape(batch=1, query_heads=2, kv_heads=2, seqlen_q=257, seqlen_k=513, head_dim=64,
-                           dtype="bf16")
-    q, k, v = make_inputs(shape, seed=7)
-    big = (q * 100).clamp(-1e4, 1e4)
-    out, lse = flash_forward(big, k, v, layout="bshd", scale=1.0, causal=True)
-    finite = bool(torch.isfinite(out).all())
-    failures += not finite
-    rows.append({"what": "forward_extreme_logits_finite", "passed": finite, **env})
-    with open(os.path.join(out_dir, "correctness.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    print(f"correctness: {len(rows) - failures}/{len(rows)} passed", flush=True)
-    return failures
 
 
 # ---------------------------------------------------------------------------
@@ -161,98 +116,74 @@ def bucket_lengths(group: str) -> list[int]:
     return [1024, 2048, 4096, 8192, 16384] if group != "gqa_d256" else [1024, 4096, 16384]
 
 
-def phase_tune(env, out_dir, budget_s: float) -> dict:
+def tune_plan(args) -> list[tuple[str, bool, list[ForwardConfig]]]:
+    """(group, causal, candidates at N = 4k) in the order they are tuned."""
+    return [(group, causal, candidate_configs(TUNE_GROUPS[group][0], causal))
+            for group in TUNE_GROUPS
+            for causal in ((True,) if TUNE_GROUPS[group][4] else (False, True))]
+
+
+@bench.phase("tune", cap_s=200.0, plan=tune_plan)
+def phase_tune(ctx) -> dict:
     """Every candidate at N=4k per (group, causal); the best 4 of those at every length
     bucket; the winner per bucket becomes the TUNED table (printed for configs.py)."""
-    started = time.time()
     tuned: dict[tuple[int, bool, int], ForwardConfig] = {}
-    with open(os.path.join(out_dir, "forward_tuning.jsonl"), "w") as f:
-        def log(**row):
-            f.write(json.dumps({"what": "forward_config", **row, **env}) + "\n")
-            f.flush()
 
-        for group in TUNE_GROUPS:
-            for causal in ((True,) if TUNE_GROUPS[group][4] else (False, True)):
-                shape = group_shape(group, 4096, causal)
-                q, k, v = make_inputs(shape)
-                scored = []
-                for config in candidate_configs(shape.head_dim, causal):
-                    if time.time() - started > budget_s:
-                        print("tune: time budget spent", flush=True)
-                        break
-                    t0 = time.time()
-                    try:
-                        fn = run_ours(shape, q, k, v, config)
-                        fn()
-                        torch.cuda.synchronize()
-                        compile_s = time.time() - t0
-                        p20, p50, p80 = time_ms(fn)
-                        check = check_config(config, shape)
-                    except Exception as error:  # noqa: BLE001 - a config that cannot compile is data
-                        log(group=group, causal=causal, config=config.__dict__, error=str(error)[:300])
-                        continue
-                    log(group=group, causal=causal, shape=shape.as_dict(), config=config.__dict__,
-                        p20=p20, p50=p50, p80=p80, compile_s=compile_s, accurate=check.passed,
-                        error=check.error, tflops=flops(shape) / p50 / 1e9)
-                    if check.passed:
-                        scored.append((p50, config))
-                    else:
-                        print(f"tune: {config} FAILED accuracy", flush=True)
-                scored.sort(key=lambda item: item[0])
-                finalists = [c for _, c in scored[:4]]
-                for seqlen in bucket_lengths(group):
-                    shape = group_shape(group, seqlen, causal)
-                    q, k, v = make_inputs(shape)
-                    timed = []
-                    for config in finalists:
-                        p20, p50, p80 = time_ms(run_ours(shape, q, k, v, config))
-                        log(group=group, causal=causal, shape=shape.as_dict(), config=config.__dict__,
-                            p20=p20, p50=p50, p80=p80, tflops=flops(shape) / p50 / 1e9, stage="bucket")
-                        timed.append((p50, config))
-                    if timed:
-                        best_ms, best = min(timed, key=lambda item: item[0])
-                        key = (shape.head_dim, causal, length_bucket(seqlen))
-                        tuned[key] = best
-                        print(f"tune {group} causal={causal} N={seqlen}: {best} "
-                              f"{flops(shape) / best_ms / 1e9:.0f} TFLOP/s", flush=True)
-    with open(os.path.join(out_dir, "tuned_configs.json"), "w") as f:
-        json.dump([{"head_dim_pad": d, "masked": m, "bucket": b, "config": c.__dict__}
-                   for (d, m, b), c in sorted(tuned.items())], f, indent=1)
+    def log(**row):
+        ctx.append_row("forward_tuning.jsonl", {"what": "forward_config", **row, **ctx.env})
+
+    for group, causal, candidates in ctx.plan:
+        shape = group_shape(group, 4096, causal)
+        q, k, v = make_inputs(shape)
+        scored = []
+        for config in ctx.within_budget(candidates, label=lambda c, g=group: f"{g} {c}"):
+            t0 = time.time()
+            try:
+                fn = run_ours(shape, q, k, v, config)
+                fn()
+                torch.cuda.synchronize()
+                compile_s = time.time() - t0
+                p20, p50, p80 = time_ms(fn)
+                check = check_config(config, shape)
+            except Exception as error:  # noqa: BLE001 - a config that cannot compile is data
+                log(group=group, causal=causal, config=config.__dict__, error=str(error)[:300])
+                continue
+            log(group=group, causal=causal, shape=shape.as_dict(), config=config.__dict__,
+                p20=p20, p50=p50, p80=p80, compile_s=compile_s, accurate=check.passed,
+                error=check.error, tflops=flops(shape) / p50 / 1e9)
+            if check.passed:
+                scored.append((p50, config))
+            else:
+                print(f"tune: {config} FAILED accuracy", flush=True)
+        scored.sort(key=lambda item: item[0])
+        finalists = [c for _, c in scored[:4]]
+        for seqlen in bucket_lengths(group):
+            shape = group_shape(group, seqlen, causal)
+            q, k, v = make_inputs(shape)
+            timed = []
+            for config in finalists:
+                p20, p50, p80 = time_ms(run_ours(shape, q, k, v, config))
+                log(group=group, causal=causal, shape=shape.as_dict(), config=config.__dict__,
+                    p20=p20, p50=p50, p80=p80, tflops=flops(shape) / p50 / 1e9, stage="bucket")
+                timed.append((p50, config))
+            if timed:
+                best_ms, best = min(timed, key=lambda item: item[0])
+                key = (shape.head_dim, causal, length_bucket(seqlen))
+                tuned[key] = best
+                print(f"tune {group} causal={causal} N={seqlen}: {best} "
+                      f"{flops(shape) / best_ms / 1e9:.0f} TFLOP/s", flush=True)
+    ctx.path("tuned_configs.json").write_text(json.dumps(
+        [{"head_dim_pad": d, "masked": m, "bucket": b, "config": c.__dict__}
+         for (d, m, b), c in sorted(tuned.items())], indent=1))
+    # The rest of this run uses the table just measured, as a user would once it is
+    # pasted into attnlab/kernels/configs.py.
+    config_table.TUNED.update(tuned)
+    print("\nTUNED = {")
+    for (d, m, b), c in sorted(tuned.items()):
+        print(f"    ({d}, {m}, {b}): ForwardConfig({c.block_m}, {c.block_n}, {c.num_warps}, "
+              f"{c.num_stages}),")
+    print("}")
     return tuned
-
-
-# ---------------------------------------------------------------------------
-def phase_bench(out_dir, seqlens_by_group, flex_lengths, budget_s: float, env: dict):
-    """attnlab through its public path (the committed/tuned table) against the peers:
-    measure/'s sweep (each point checked against the reference, its kernels proven,
-    SDPA pins entered outside the timed region), records upserted."""
-    from attnlab.measure.providers import parse_providers
-    from attnlab.measure.sweep import run_sweep
-
-    deadline = time.monotonic() + budget_s
-    peers = parse_providers("attnlab,sdpa_cudnn,sdpa_flash")
-    flex = parse_providers("flex")
-    path = os.path.join(out_dir, "prefill_forward.jsonl")
-    table = []
-    for group, seqlens in seqlens_by_group.items():
-        for causal in ((True,) if TUNE_GROUPS[group][4] else (False, True)):
-            for seqlen in seqlens:
-                base = group_shape(group, seqlen, causal)
-                providers = peers + (flex if seqlen in flex_lengths.get(group, ()) else [])
-                results = run_sweep(providers, ["prefill"], [seqlen], base, device="cuda",
-                                    env=env, timing=BENCH_TIMING, out=path, deadline=deadline,
-                                    progress=False, flop_count="conventional")
-                row = {}
-                for result in results:
-                    if result.skipped:
-                        print(f"{result.provider} at {base.describe()}: "
-                              f"{result.record['reason'][:160]}", flush=True)
-                    else:
-                        row[result.provider] = result.record["tflops"]
-                table.append((group, causal, seqlen, row))
-                print(f"{group} causal={causal} N={seqlen}: " +
-                      " ".join(f"{n}={t:.0f}" for n, t in row.items()), flush=True)
-    return table
 
 
 # Where the Gluon path's public call measured host-bound (bench/NOTES.md, attempt 14).
@@ -280,48 +211,133 @@ def _kernel_forced(shape: AttentionShape, kernel: str):
         forward_sm90._dispatch_table = committed
 
 
-def phase_profile(out_dir: str, env: dict) -> None:
+@bench.phase("profile", default=False,
+             plan=lambda args: [group_shape(*point) for point in PROFILE_SHAPES])
+def phase_profile(ctx) -> None:
     """Host time of one public forward call on each kernel: launches only (no sync), the
     event-timed and the graph-replayed call, the kernels the profiler saw, and a cProfile
     of the Gluon path's host side."""
-    from backward_h200 import _host_profile, call_profile, log_line
+    from backward_h200 import call_profile, host_profile
 
     from attnlab.measure.providers import prepare, provider
 
-    path = os.path.join(out_dir, "forward_profile.jsonl")
-    for group, seqlen, causal in PROFILE_SHAPES:
-        shape = group_shape(group, seqlen, causal)
+    for index, shape in enumerate(ctx.plan):
         prepared = prepare(provider("attnlab"), shape, "prefill", "cuda")
         inputs = prepared.inputs()
         for kernel in ("gluon", "triton"):
             with _kernel_forced(shape, kernel):
                 call = prepared.call
                 host_ms, events, graph, kernels = call_profile(call, inputs)
-                if kernel == "gluon" and (group, seqlen, causal) == PROFILE_SHAPES[0]:
-                    _host_profile(call, inputs, out_dir, name="forward_host_profile.txt")
-            log_line(path, {"what": "forward_profile", "kernel": kernel,
-                            "shape": shape.as_dict(), "host_ms": host_ms, "event_ms": events,
-                            "graph_ms": graph, "kernels": kernels, **env})
+                if kernel == "gluon" and index == 0:
+                    ctx.path("forward_host_profile.txt").write_text(host_profile(call, inputs))
+            ctx.append_row("forward_profile.jsonl", {
+                "what": "forward_profile", "kernel": kernel, "shape": shape.as_dict(),
+                "host_ms": host_ms, "event_ms": events, "graph_ms": graph, "kernels": kernels,
+                **ctx.env})
             print(f"profile {shape.describe()} {kernel}: host {host_ms:.3f} ms/call, events "
                   f"{events:.3f}, graph {graph}; {', '.join(kernels)}", flush=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--phases", default="tune,correct,bench")
-    parser.add_argument("--tune-budget", type=float, default=200.0)
-    parser.add_argument("--bench-budget", type=float, default=240.0)
-    parser.add_argument("--flex", nargs="?", const="some", choices=("some", "all"),
-                        help="add FlexAttention: at a few lengths per group, or at all")
-    parser.add_argument("--groups", default="d128,d64,gqa_d256",
-                        help="the bench phase's shape groups (comma-separated)")
-    args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    env = environment(COMMAND)
-    print(json.dumps(env), flush=True)
-    phases = args.phases.split(",")
+# ---------------------------------------------------------------------------
+def correct_cases(args) -> list[tuple[AttentionShape, str]]:
+    """The accuracy grid at real sizes, thinned deterministically so it fits a lease:
+    every pair, head dim and mask appear, GQA ratios rotate, fp16 and bf16 alternate."""
+    cases = []
+    pairs = [(1, 1), (1, 239), (3, 799), (113, 203), (128, 217), (108, 256), (1023, 1024), (4096, 4096)]
+    pairs += [(b, a) for a, b in pairs if a != b]
+    for (nq, nk) in pairs:
+        for d in (32, 59, 64, 111, 128, 256):
+            for (hq, hk) in ((4, 4), (6, 2), (4, 1)):
+                for mask in ("none", "causal", "window", "softcap"):
+                    cases.append((nq, nk, d, hq, hk, mask))
+    cases = [c for i, c in enumerate(cases) if i % 5 == 0]
+    return [(AttentionShape(batch=2, query_heads=hq, kv_heads=hk, seqlen_q=nq, seqlen_k=nk,
+                            head_dim=d, dtype="bf16" if i % 2 else "fp16"), mask)
+            for i, (nq, nk, d, hq, hk, mask) in enumerate(cases)]
 
+
+@bench.phase("correct", plan=correct_cases)
+def phase_correct(ctx):
+    """The accuracy grid at real sizes, both layouts, fp16 and bf16."""
+    env, rows, failures = ctx.env, [], 0
+    for i, (shape, mask) in enumerate(ctx.plan):
+        d = shape.head_dim
+        q, k, v = make_inputs(shape, seed=i)
+        options = dict(causal=mask == "causal", window=(37, 5) if mask == "window" else (-1, -1),
+                       softcap=20.0 if mask == "softcap" else 0.0)
+        scale = 1.0 / math.sqrt(d)
+        out, lse = flash_forward(q, k, v, layout="bshd", scale=scale, **options)
+        out2, _ = flash_forward(q, k, v, layout="bshd", scale=scale, **options)
+        result = check_accuracy(out, lse, q, k, v, scale=scale, layout="bshd", **options)
+        deterministic = torch.equal(out, out2)
+        ok = result.passed and deterministic
+        failures += not ok
+        rows.append({"what": "forward_accuracy", "shape": shape.as_dict(), "mask": mask,
+                     "error": result.error, "allowed": result.allowed,
+                     "lse_rel_error": result.lse_error, "deterministic": deterministic,
+                     "passed": ok, **env})
+        if not ok:
+            print(f"FAIL {shape.describe()} {mask}: err {result.error:.3e} allowed "
+                  f"{result.allowed:.3e} lse {result.lse_error:.2e} det {deterministic}", flush=True)
+    # Extreme logits stay finite.
+    shape = AttentionShape(batch=1, query_heads=2, kv_heads=2, seqlen_q=257, seqlen_k=513, head_dim=64,
+                           dtype="bf16")
+    q, k, v = make_inputs(shape, seed=7)
+    big = (q * 100).clamp(-1e4, 1e4)
+    out, lse = flash_forward(big, k, v, layout="bshd", scale=1.0, causal=True)
+    finite = bool(torch.isfinite(out).all())
+    failures += not finite
+    rows.append({"what": "forward_extreme_logits_finite", "passed": finite, **env})
+    ctx.write_rows("correctness.jsonl", rows)
+    print(f"correctness: {len(rows) - failures}/{len(rows)} passed", flush=True)
+    ctx.fail(failures)
+
+
+def bench_plan(args) -> list[tuple[str, bool, int, list]]:
+    """(group, causal, N, providers) per point: attnlab and the peers, Flex where asked."""
+    groups = [g for g in args.groups.split(",") if g]
+    unknown = [g for g in groups if g not in BENCH_LENGTHS]
+    if unknown:
+        raise ValueError(f"--groups: unknown group {unknown[0]!r}; the groups are "
+                         f"{', '.join(BENCH_LENGTHS)}")
+    flex_lengths = {"some": FLEX_SOME, "all": BENCH_LENGTHS}.get(args.flex, {})
+    peers, flex = parse_providers("attnlab,sdpa_cudnn,sdpa_flash"), parse_providers("flex")
+    return [(group, causal, seqlen,
+             peers + (flex if seqlen in flex_lengths.get(group, ()) else []))
+            for group in groups
+            for causal in ((True,) if TUNE_GROUPS[group][4] else (False, True))
+            for seqlen in BENCH_LENGTHS[group]]
+
+
+@bench.phase("bench", cap_s=240.0, plan=bench_plan)
+def phase_bench(ctx) -> list:
+    """attnlab through its public path (the committed/tuned table) against the peers:
+    measure/'s sweep (each point checked against the reference, its kernels proven,
+    SDPA pins entered outside the timed region), records upserted."""
+    from attnlab.measure.sweep import run_sweep
+
+    table = []
+    for group, causal, seqlen, providers in ctx.plan:
+        base = group_shape(group, seqlen, causal)
+        results = run_sweep(providers, ["prefill"], [seqlen], base, device="cuda",
+                            env=ctx.env, timing=BENCH_TIMING,
+                            out=ctx.path("prefill_forward.jsonl"), deadline=ctx.deadline,
+                            progress=False, flop_count="conventional")
+        row = {}
+        for result in results:
+            if result.skipped:
+                print(f"{result.provider} at {base.describe()}: "
+                      f"{result.record['reason'][:160]}", flush=True)
+            else:
+                row[result.provider] = result.record["tflops"]
+        table.append((group, causal, seqlen, row))
+        print(f"{group} causal={causal} N={seqlen}: " +
+              " ".join(f"{n}={t:.0f}" for n, t in row.items()), flush=True)
+    return table
+
+
+@bench.setup
+def first_call(ctx) -> None:
     t0 = time.time()
     shape = group_shape("d128", 4096, False)
     q, k, v = make_inputs(shape)
@@ -330,41 +346,18 @@ def main() -> int:
     print(f"first call (compile + run) of the default d=128 config: {time.time() - t0:.1f} s "
           f"({forward_config(shape)})", flush=True)
 
-    if "tune" in phases:
-        tuned = phase_tune(env, args.out, args.tune_budget)
-        # The rest of this run uses the table just measured, as a user would once it
-        # is pasted into attnlab/kernels/configs.py.
-        config_table.TUNED.update(tuned)
-        print("\nTUNED = {")
-        for (d, m, b), c in sorted(tuned.items()):
-            print(f"    ({d}, {m}, {b}): ForwardConfig({c.block_m}, {c.block_n}, {c.num_warps}, "
-                  f"{c.num_stages}),")
-        print("}")
-    if "profile" in phases:
-        phase_profile(args.out, env)
-    failures = phase_correct(env, args.out) if "correct" in phases else 0
-    table = []
-    if "bench" in phases:
-        seqlens = {"d128": [1024, 2048, 4096, 8192, 16384], "d64": [1024, 4096, 16384],
-                   "gqa_d256": [1024, 4096, 16384, 32768]}
-        flex_lengths = ({"d128": [1024, 4096, 16384], "d64": [4096],
-                         "gqa_d256": [4096, 16384]} if args.flex == "some"
-                        else seqlens if args.flex == "all" else {})
-        groups = args.groups.split(",")
-        table = phase_bench(args.out, {g: n for g, n in seqlens.items() if g in groups},
-                            flex_lengths, args.bench_budget, env)
 
+@bench.finish
+def print_table(ctx) -> None:
     print("\nTFLOP/s (bf16)                      attnlab / cudnn / flash / flex   vs cudnn  vs best")
-    for group, causal, seqlen, row in table:
+    for group, causal, seqlen, row in ctx.results.get("bench") or []:
         nan = float("nan")
         ours, cudnn = row.get("attnlab", nan), row.get("sdpa_cudnn", nan)
         best_peer = max((t for n, t in row.items() if n != "attnlab"), default=nan)
         print(f"  {group:9s} causal={causal!s:5s} N={seqlen:6d}: {ours:6.0f} / {cudnn:6.0f} / "
               f"{row.get('sdpa_flash', nan):6.0f} / {row.get('flex', nan):6.0f}"
               f"   {ours / cudnn:5.2f}x   {ours / best_peer:5.2f}x")
-    print(f"correctness failures: {failures}")
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

@@ -2,8 +2,8 @@
 
     PYTHONPATH=src python3 bench/h200_measure.py            # writes under $OUT
 
-Sections, in order; every section has a time cap and the sweeps stop at an
-overall budget (points that do not fit are recorded as skipped, with that reason):
+Phases, in order (``--phases``); each has a time cap and the sweeps stop at the
+run's budget, 450 s (points that do not fit are recorded as skipped, with that reason):
 
 1. ceilings: a bf16 GEMM's TFLOP/s and a 2 GiB device copy's TB/s;
 2. kernels: what one call of each main provider launches (torch.profiler), plus
@@ -11,9 +11,10 @@ overall budget (points that do not fit are recorded as skipped, with that reason
 3. ncu: N in {1k, 4k, 16k} x heads in {1, 32}, d=128, fp16, no mask, for eager,
    sdpa_flash, sdpa_cudnn and attnlab, in two Nsight Compute sessions (1k+4k, then
    16k; --clock-control none), compared with the cache-aware model;
-4. prefill sweep (lesson-8b layer: 32 heads, d=128, fp16, causal) and decode sweep
-   (32 query / 8 KV heads) for every provider, each point checked against the
-   reference and its kernel names recorded; FlexAttention last (it compiles).
+4. ``prefill`` sweep (lesson-8b layer: 32 heads, d=128, fp16, causal) and ``decode``
+   sweep (32 query / 8 KV heads) for every provider, each point checked against the
+   reference and its kernel names recorded; FlexAttention last (``flex_prefill``,
+   ``flex_decode``: it compiles).
 
 Expected wall time: about 5-7 minutes; at most about 8 (ncu's two sessions are
 capped at 120 + 150 s, the sweeps stop 450 s after the start).
@@ -27,6 +28,8 @@ Files under $OUT (8, at most one folder deep):
   ncu/ncu_raw.csv          ncu's own raw-page CSV
   ncu/summary.json         per-kernel summaries, comparisons, notes, failed cases
   log.txt                  this script's full output
+
+A configuration of attnlab.measure.engine (phases, budget, --out, environment, records).
 """
 
 from __future__ import annotations
@@ -35,20 +38,12 @@ import json
 import os
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
-START = time.monotonic()
-BUDGET_S = 450.0          # sweeps stop here; ncu (section 3) has its own timeouts
-ROOT = Path(__file__).resolve().parents[1]
-OUT = Path(os.environ.get("OUT", ROOT / "bench-out")).resolve()
-OUT.mkdir(parents=True, exist_ok=True)
-# The ncu target is a child process: it must import this checkout's attnlab too.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
-sys.path.insert(0, str(ROOT / "src"))
+from attnlab.measure.engine import Bench
 
+ROOT = Path(__file__).resolve().parents[1]
 PREFILL_LENGTHS = [1024, 2048, 4096, 8192, 16384]
 DECODE_LENGTHS = [1024, 4096, 16384, 65536]
 FLEX_PREFILL_LENGTHS = [1024, 4096, 16384]
@@ -57,6 +52,9 @@ NCU_LENGTHS = [1024, 4096, 16384]
 NCU_HEADS = [1, 32]
 NCU_PROVIDERS = ["eager", "sdpa_flash", "sdpa_cudnn", "attnlab"]
 TIMING = {"target_ms": 40.0, "min_repeats": 5, "max_repeats": 100}
+RECORDS = "records.jsonl"
+
+bench = Bench("h200_measure", __doc__, budget_s=450.0)
 
 
 class Tee:
@@ -75,100 +73,32 @@ class Tee:
         self.stream.flush()
 
 
-_LOG = (OUT / "log.txt").open("w", encoding="utf-8")
-sys.stdout, sys.stderr = Tee(sys.stdout, _LOG), Tee(sys.stderr, _LOG)
+@bench.setup
+def log_and_child_path(ctx) -> None:
+    log = ctx.path("log.txt").open("w", encoding="utf-8")
+    sys.stdout, sys.stderr = Tee(sys.stdout, log), Tee(sys.stderr, log)
+    # The ncu target is a child process: it must import this checkout's attnlab too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
-def elapsed() -> float:
-    return time.monotonic() - START
+@bench.phase("ceilings")
+def ceilings(ctx) -> None:
+    """A bf16 GEMM's TFLOP/s and a 2 GiB device copy's TB/s."""
+    from attnlab.measure.sweep import measure_ceilings
+
+    measured = measure_ceilings(ctx.env)
+    ctx.upsert(RECORDS, measured)
+    for r in measured:
+        print(f"  {r['kernel']}: {r['p50']:.1f} {r['unit']}")
 
 
-def deadline(cap_s: float) -> float:
-    """Monotonic deadline: this section's cap, never past the overall budget."""
-    return min(time.monotonic() + cap_s, START + BUDGET_S)
-
-
-def section(title: str) -> None:
-    print(f"\n=== {title} (t={elapsed():.0f} s) ===", flush=True)
-
-
-def main() -> int:
-    import torch
-
-    from attnlab.measure import records as rec
-    from attnlab.measure.providers import PROVIDERS, parse_providers
-
-    if not torch.cuda.is_available():
-        print("h200_measure: needs a CUDA GPU")
-        return 2
-    env = rec.environment("PYTHONPATH=src python3 bench/h200_measure.py")
-    print(rec.describe_environment(env))
-    records_path = OUT / "records.jsonl"
-
-    section("1. ceilings")
-    try:
-        from attnlab.measure.sweep import measure_ceilings
-
-        ceilings = measure_ceilings(env)
-        rec.upsert_records(records_path, ceilings)
-        for r in ceilings:
-            print(f"  {r['kernel']}: {r['p50']:.1f} {r['unit']}")
-    except Exception:
-        traceback.print_exc()
-
-    section("2. kernels")
-    try:
-        kernels_section()
-    except Exception:
-        traceback.print_exc()
-
-    section("3. ncu")
-    comparisons = []
-    try:
-        comparisons = ncu_section()
-    except Exception:
-        traceback.print_exc()
-
-    from attnlab.measure.sweep import run_sweep
-    from attnlab.shapes import preset
-
-    prefill = preset("lesson-8b").shape(4096, causal=True)
-    decode = prefill.replace(kv_heads=8)
-    not_flex = [p for p in PROVIDERS.values() if p.name != "flex"]
-    flex = parse_providers("flex")
-    results = []
-    for title, providers, phase, lengths, base, cap in (
-            ("4a. prefill sweep", not_flex, "prefill", PREFILL_LENGTHS, prefill, 80),
-            ("4b. decode sweep", not_flex, "decode", DECODE_LENGTHS, decode, 40),
-            ("4c. flex prefill", flex, "prefill", FLEX_PREFILL_LENGTHS, prefill, 40),
-            ("4d. flex decode", flex, "decode", FLEX_DECODE_LENGTHS, decode, 25)):
-        section(title)
-        try:
-            results += run_sweep(providers, [phase], lengths, base, device="cuda", env=env,
-                                 timing=TIMING, out=records_path, deadline=deadline(cap),
-                                 progress=False)
-        except Exception:
-            traceback.print_exc()
-
-    section("summary")
-    print_summary([r.record for r in results], comparisons)
-    print(f"\nfiles in {OUT}:")
-    for path in sorted(p for p in OUT.rglob("*") if p.is_file()):
-        print(f"  {path.relative_to(OUT)}  ({path.stat().st_size:,} bytes)")
-    print(f"total {elapsed():.0f} s")
-    return 0
-
-
-def kernels_section() -> None:
-    import torch
-
-    from attnlab.measure.dispatch import profile_call
-    from attnlab.measure.profile import short_name
-    from attnlab.measure.providers import prepare, provider
+def kernel_cases(args) -> list[tuple]:
+    """(provider, phase, shape) of each kernel list."""
+    from attnlab.measure.providers import provider
     from attnlab.measure.sweep import phase_shape
     from attnlab.shapes import preset
 
-    stop = deadline(45)
     lesson = preset("lesson-8b").shape(4096, causal=False)
     gqa = preset("qwen-gqa").shape(4096, causal=True)
     cases = [(name, "prefill", lesson) for name in
@@ -179,12 +109,23 @@ def kernels_section() -> None:
     cases += [(name, "decode", phase_shape(lesson.replace(kv_heads=8, causal=True), "decode",
                                            4096))
               for name in ("eager_typical", "sdpa", "sdpa_flash", "sdpa_cudnn", "attnlab")]
+    for name, _, _ in cases:
+        provider(name)  # a renamed provider fails here, on a CPU
+    return cases
+
+
+@bench.phase("kernels", cap_s=45.0, plan=kernel_cases)
+def kernels_section(ctx) -> None:
+    """What one call of each main provider launches, plus one trace of eager_typical."""
+    import torch
+
+    from attnlab.measure.dispatch import profile_call
+    from attnlab.measure.profile import short_name
+    from attnlab.measure.providers import prepare, provider
+    from attnlab.shapes import preset
+
     out = []
-    for name, phase, shape in cases:
-        if time.monotonic() > stop:
-            out.append({"provider": name, "phase": phase, "shape": shape.as_dict(),
-                        "error": "not run: section time cap reached"})
-            continue
+    for name, phase, shape in ctx.within_budget(ctx.plan, label=lambda case: case[0]):
         try:
             call = prepare(provider(name), shape, phase, "cuda")
             inputs = call.inputs()
@@ -202,16 +143,18 @@ def kernels_section() -> None:
         torch.cuda.empty_cache()
     # A captured trace for the parser's test: the post's GQA baseline, small enough to commit.
     try:
-        small = gqa.replace(seqlen_q=1024, seqlen_k=1024)
+        small = preset("qwen-gqa").shape(1024, causal=True)
         call = prepare(provider("eager_typical"), small, "prefill", "cuda")
-        profile_call(call.call, call.inputs(), trace_path=OUT / "trace_eager_typical.json")
+        profile_call(call.call, call.inputs(), trace_path=ctx.path("trace_eager_typical.json"))
     except Exception:
         traceback.print_exc()
-    (OUT / "kernels.json").write_text(json.dumps(out, indent=1))
+    ctx.path("kernels.json").write_text(json.dumps(out, indent=1))
 
 
-def ncu_section() -> list:
-    """Two ncu sessions (short lengths, then 16k), so a slow one cannot lose the other."""
+@bench.phase("ncu")
+def ncu_section(ctx) -> list:
+    """Two ncu sessions (short lengths, then 16k; capped at 120 + 150 s), so a slow one
+    cannot lose the other; compared with the cache-aware model."""
     from attnlab.measure import ncu
     from attnlab.measure.compare import compare_cases, comparison_markdown, predicted_kernel_count
     from attnlab.measure.sweep import phase_shape
@@ -232,8 +175,8 @@ def ncu_section() -> list:
     for lengths, timeout in ((NCU_LENGTHS[:-1], 120.0), (NCU_LENGTHS[-1:], 150.0)):
         work = Path(tempfile.mkdtemp(prefix="attnlab-ncu-"))
         session = cases(lengths)
-        print(f"  session N={lengths}: {len(session)} cases, timeout {timeout:.0f} s "
-              f"(t={elapsed():.0f} s)", flush=True)
+        print(f"  session N={lengths}: {len(session)} cases, timeout {timeout:.0f} s",
+              flush=True)
         try:
             run = ncu.run_ncu(session, work, ncu=binary, timeout_s=timeout,
                               kernel_counts=predicted_kernel_count)
@@ -257,19 +200,62 @@ def ncu_section() -> list:
             print(f"  case failed: {label}: {reason[:200]}")
         for note in run.notes:
             print(f"  note: {note}")
-    if not kernels:
-        (OUT / "ncu").mkdir(exist_ok=True)
-        (OUT / "ncu" / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        return []
-    (OUT / "ncu").mkdir(exist_ok=True)
-    ncu.write_long_csv(kernels, OUT / "ncu" / "ncu_kernels.csv")
-    (OUT / "ncu" / "ncu_raw.csv").write_text("\n==attnlab== next ncu session\n".join(raw_parts))
-    comparisons = compare_cases(kernels)
-    (OUT / "cache_model_vs_ncu.md").write_text(comparison_markdown(comparisons))
-    summary["kernels"] = [k.summary() for k in kernels]
-    summary["comparisons"] = [c.as_dict() for c in comparisons]
-    (OUT / "ncu" / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    comparisons = []
+    if kernels:
+        ncu.write_long_csv(kernels, ctx.path("ncu/ncu_kernels.csv"))
+        ctx.path("ncu/ncu_raw.csv").write_text("\n==attnlab== next ncu session\n".join(raw_parts))
+        comparisons = compare_cases(kernels)
+        ctx.path("cache_model_vs_ncu.md").write_text(comparison_markdown(comparisons))
+        summary["kernels"] = [k.summary() for k in kernels]
+        summary["comparisons"] = [c.as_dict() for c in comparisons]
+    ctx.path("ncu/summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return comparisons
+
+
+def sweep_plan(name: str):
+    """The plan of one sweep phase: its points (provider, phase, length, base shape)."""
+    def plan(args) -> list[tuple]:
+        from attnlab.measure.providers import PROVIDERS, parse_providers
+        from attnlab.shapes import preset
+
+        prefill = preset("lesson-8b").shape(4096, causal=True)
+        decode = prefill.replace(kv_heads=8)
+        not_flex = [p for p in PROVIDERS.values() if p.name != "flex"]
+        flex = parse_providers("flex")
+        providers, phase, lengths, base = {
+            "prefill": (not_flex, "prefill", PREFILL_LENGTHS, prefill),
+            "decode": (not_flex, "decode", DECODE_LENGTHS, decode),
+            "flex_prefill": (flex, "prefill", FLEX_PREFILL_LENGTHS, prefill),
+            "flex_decode": (flex, "decode", FLEX_DECODE_LENGTHS, decode)}[name]
+        return [(p, phase, n, base) for p in providers for n in lengths]
+    return plan
+
+
+def sweep(ctx) -> list:
+    """Every provider over lengths (measure.sweep): checked, its kernels proven, timed."""
+    from attnlab.measure.sweep import run_sweep
+
+    providers = list({point[0].name: point[0] for point in ctx.plan}.values())
+    lengths = list(dict.fromkeys(point[2] for point in ctx.plan))
+    _, phase, _, base = ctx.plan[0]
+    return run_sweep(providers, [phase], lengths, base, device="cuda", env=ctx.env,
+                     timing=TIMING, out=ctx.path(RECORDS), deadline=ctx.deadline,
+                     progress=False)
+
+
+for _name, _cap in (("prefill", 80.0), ("decode", 40.0), ("flex_prefill", 40.0),
+                    ("flex_decode", 25.0)):
+    bench.phase(_name, cap_s=_cap, plan=sweep_plan(_name))(sweep)
+
+
+@bench.finish
+def summary(ctx) -> None:
+    results = [r for name in ("prefill", "decode", "flex_prefill", "flex_decode")
+               for r in ctx.results.get(name) or []]
+    print_summary([r.record for r in results], ctx.results.get("ncu") or [])
+    print(f"\nfiles in {ctx.out_dir}:")
+    for path in sorted(p for p in ctx.out_dir.rglob("*") if p.is_file()):
+        print(f"  {path.relative_to(ctx.out_dir)}  ({path.stat().st_size:,} bytes)")
 
 
 def print_summary(records: list[dict], comparisons: list) -> None:
@@ -315,4 +301,4 @@ def print_summary(records: list[dict], comparisons: list) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

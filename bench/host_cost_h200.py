@@ -1,7 +1,7 @@
 """Host time of one forward call, layer by layer, on a GPU: where the public path's
 microseconds go before the kernel runs.
 
-    PYTHONPATH=src python3 bench/host_cost_h200.py --out OUT [--fwdbwd]
+    PYTHONPATH=src python3 bench/host_cost_h200.py --out OUT [--phases forward,fwdbwd]
 
 A tiny shape (1 x 128 tokens, one head, d = 128) keeps the GPU's work at a few
 microseconds, so each layer's time per call is host time.  Layers, outermost first:
@@ -12,26 +12,25 @@ prebuilt descriptors, and Triton's compiled-kernel launcher called directly (wha
 launch costs without the JIT's argument binding); the Triton kernel's
 ``flash_forward`` and SDPA (cuDNN) for scale.  Writes host_cost.jsonl and prints a table.
 
-``--fwdbwd`` instead times one training step's layers at the benchmark's N = 1k shapes
+Phase ``fwdbwd`` (only when asked; ``--phases fwdbwd`` alone for just it) times one training step's layers at the benchmark's N = 1k shapes
 (B = 16, 16 heads, bf16, d = 64 and 128, causal): each call starts on an idle GPU
 (synchronised before, not after), so its wall time is the host's alone even where the
 GPU's work is longer.  Writes host_cost_fwdbwd.jsonl, plus cProfile's table (main
 thread, by own time) of 200 calls each of flash_backward and of the grad-enabled
-forward, host_cprofile_d{64,128}.txt.
+forward, host_cprofile_d{64,128}.txt.  A configuration of attnlab.measure.engine.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 import sys
 import time
 
 import torch
 
-COMMAND = "PYTHONPATH=src python3 bench/host_cost_h200.py " + " ".join(sys.argv[1:])
+from attnlab.measure.engine import Bench
+
+bench = Bench("host_cost_h200", __doc__)
 
 
 def per_call_us(fn, calls: int = 300, rounds: int = 7) -> tuple[float, float]:
@@ -198,13 +197,11 @@ def cprofile_tables(head_dim: int, calls: int = 200) -> str:
     return text.getvalue()
 
 
-def main_fwdbwd(out_dir: str) -> int:
+def phase_fwdbwd(ctx) -> None:
+    """One training step's layers at N = 1k, each call issued to an idle GPU; cProfile tables."""
     import triton
 
-    from attnlab.measure.records import environment
-
-    env = environment(COMMAND)
-    rows = []
+    env, rows = ctx.env, []
     for head_dim in (64, 128):
         for name, fn in fwdbwd_layers(head_dim).items():
             median, best = host_latency_us(fn)
@@ -226,26 +223,14 @@ def main_fwdbwd(out_dir: str) -> int:
                          "head_dim": head_dim, "shape": "B=16 H=16 N=1024 bf16 causal bhsd",
                          "median_us": round(median, 1), "triton": triton.__version__, **env})
             print(f"  d={head_dim:3d} backward anatomy: {name:32s} {median:7.1f} us", flush=True)
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "host_cost_fwdbwd.jsonl"), "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
+    ctx.write_rows("host_cost_fwdbwd.jsonl", rows)
     for head_dim in (64, 128):
-        with open(os.path.join(out_dir, f"host_cprofile_d{head_dim}.txt"), "w") as f:
-            f.write(cprofile_tables(head_dim))
-    return 0
+        ctx.path(f"host_cprofile_d{head_dim}.txt").write_text(cprofile_tables(head_dim))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=".")
-    parser.add_argument("--fwdbwd", action="store_true",
-                        help="a training step's layers at N = 1k instead of the forward's")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU")
-        return 2
-    if args.fwdbwd:
-        return main_fwdbwd(args.out)
+@bench.phase("forward")
+def phase_forward(ctx) -> None:
+    """Host time per call of each layer of one forward, 1 x 128 tokens (the GPU's work: a few us)."""
     import torch.nn.functional as F
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -255,10 +240,9 @@ def main() -> int:
     from attnlab.kernels import forward_sm90 as sm90
     from attnlab.kernels.configs import forward_config
     from attnlab.kernels.forward import flash_forward
-    from attnlab.measure.records import environment
     from attnlab.shapes import AttentionShape
 
-    env = environment(COMMAND)
+    env, committed_table = ctx.env, sm90._dispatch_table
     q, k, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))  # bhsd: attnlab.attention's layout
     scale = 128 ** -0.5
@@ -266,6 +250,7 @@ def main() -> int:
     layers: dict[str, object] = {}
     if sm90.supports(q, k, v, True, config=config)[0]:
         # The public path must take the Gluon kernel whatever the table says at N = 128.
+        # (Put back at the end of this phase: the fwdbwd phase's N = 1k must not see it.)
         sm90._dispatch_table = lambda: {(128, True, b): config for b in (128, 1024)}
         kernel, meta = sm90._kernel_and_meta(config)
         descriptors = (sm90_host.descriptor(q, "bhsd", sm90.BLOCK_M // 2),
@@ -321,11 +306,11 @@ def main() -> int:
         rows.append({"what": "host_cost", "layer": name, "median_us": round(median, 1),
                      "min_us": round(best, 1), "triton": triton.__version__, **env})
         print(f"  {name:42s} {median:7.1f} us/call (min {best:6.1f})", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "host_cost.jsonl"), "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
-    return 0
+    sm90._dispatch_table = committed_table
+    ctx.write_rows("host_cost.jsonl", rows)
 
+
+bench.phase("fwdbwd", default=False)(phase_fwdbwd)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

@@ -11,6 +11,7 @@ global memory (session 5 run 2: 0 hazards).  ``_probe_ordered`` adds what the at
 kernels have around it: an mbarrier initialised before the partitions, waited on by the
 default partition, arrived at by the worker, invalidated after.  If racecheck reports
 hazards there, they come from that hand-off and barrier lifetime, not from a tile.
+A configuration of attnlab.measure.engine (one phase, ``probe``; it writes nothing).
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from attnlab.measure.engine import Bench
+
+bench = Bench("racecheck_probe", __doc__)
 
 
 @gluon.jit
@@ -57,21 +62,18 @@ def _probe_ordered(out, num_warps: gl.constexpr):
     mbarrier.invalidate(done)
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU")
-        return 2
+@bench.phase("probe")
+def probe(ctx) -> None:
+    """Both probe kernels once each; their output checked."""
     expected = torch.cat([torch.arange(32.0), torch.arange(32.0) + 1]).cuda()
-    ok = True
     for name, kernel in (("plain", _probe), ("ordered by an mbarrier", _probe_ordered)):
         out = torch.zeros(64, device="cuda")
         kernel[(4,)](out, num_warps=4)
         torch.cuda.synchronize()
-        ok &= torch.equal(out, expected)
+        ctx.fail(not torch.equal(out, expected))
         print(f"probe {name}: output {'correct' if torch.equal(out, expected) else 'WRONG'}",
               flush=True)
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

@@ -5,7 +5,7 @@ Two modes, one script:
 * **multi-GPU** (2, 4 or 8 GPUs of one node, NCCL), launched by torchrun::
 
       PYTHONPATH=src python3 -m torch.distributed.run --standalone --nproc-per-node 4 \\
-          bench/ring_h200.py --out $OUT [--totals 131072,524288] [--phases prefill,fwdbwd]
+          bench/ring_h200.py --out $OUT [--totals 131072,524288] [--phases correct,prefill,fwdbwd]
 
   Correctness first (small shapes, gathered on rank 0, against the float64 reference
   with the project's rules), then per total length: the ring call, the same ring with
@@ -29,25 +29,28 @@ Workload (the issue's): causal, bf16, head_dim 128, 32 heads, batch 1.  Records 
 ``--out``/ring_h200.jsonl in the schema of ``attnlab.measure.records`` (correctness to
 ring_correctness.jsonl).  NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1), as the lent machines require.
+
+A configuration of attnlab.measure.engine: phases ``correct``, ``prefill`` (the forward)
+and ``fwdbwd``, the shared ``--budget`` (default 420 s; every rank decides on the slowest
+rank's clock), --out (written by rank 0).  ``--device cpu`` exercises the script on CPU
+tensors (gloo, TRITON_INTERPRET=1), tiny shapes; its numbers mean nothing.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import math
 import os
 import sys
 import time
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from attnlab.accuracy import check_accuracy, check_gradients
+from attnlab.cli_support import parse_int_list
 from attnlab.distributed import ring_attention, ring_step_block, shard_sequence, unshard_sequence
 from attnlab.distributed.ring import (
     _add_block_grads,
@@ -59,7 +62,8 @@ from attnlab.distributed.ring import (
 )
 from attnlab.kernels.backward import flash_backward
 from attnlab.kernels.forward import flash_forward
-from attnlab.measure.records import environment, make_record, skipped_record, upsert_records
+from attnlab.measure.engine import BUDGET_SPENT, Bench
+from attnlab.measure.records import make_record, skipped_record
 from attnlab.measure.timing import time_call
 from attnlab.model import ring as ring_model
 from attnlab.model.flops import attention_flops, backward_flops
@@ -71,7 +75,6 @@ from attnlab.shapes import AttentionShape
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 
-COMMAND = "PYTHONPATH=src python3 bench/ring_h200.py " + " ".join(sys.argv[1:])
 RECORDS_FILE = "ring_h200.jsonl"
 CORRECTNESS_FILE = "ring_correctness.jsonl"
 
@@ -90,7 +93,7 @@ class Workload:
                                 ("causal-mqa-d128", 4096, 4, 1, 128, True))
 
 
-# --smoke-cpu: the script's own logic on CPU tensors (gloo, Triton's interpreter), tiny
+# --device cpu: the script's own logic on CPU tensors (gloo, Triton's interpreter), tiny
 # shapes, so it can be exercised where no GPU is; its numbers mean nothing.
 SMOKE = Workload(device="cpu", heads=2, head_dim=16, dtype=torch.float16,
                  correctness_cases=(("causal-gqa", 32, 4, 2, 16, True),
@@ -107,10 +110,6 @@ BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
 def empty_cache() -> None:
     if RUN.device == "cuda":
         torch.cuda.empty_cache()
-
-
-def parse_ints(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part]
 
 
 def shard_shape(tokens_per_gpu: int, kv_heads: int) -> AttentionShape:
@@ -213,7 +212,7 @@ def step_blocks(tokens_per_gpu: int) -> dict:
             ring_model.REMOTE_EARLIER: ring_step_block(1, rank=1, **plan)}  # from rank 0
 
 
-def time_blocks(env, shard: AttentionShape, args) -> list[dict]:
+def time_blocks(env, shard: AttentionShape, args, passes: list[str]) -> list[dict]:
     n, heads, head_dim = shard.seqlen_q, shard.query_heads, shard.head_dim
     scale = 1.0 / math.sqrt(head_dim)
     q, dout = randn(1, n, heads, head_dim, seed=1), randn(1, n, heads, head_dim, seed=2)
@@ -234,16 +233,16 @@ def time_blocks(env, shard: AttentionShape, args) -> list[dict]:
 
         for phase, fn, names in (("prefill", forward, FORWARD_KERNELS),
                                  ("fwdbwd", forward_backward, FORWARD_KERNELS + BACKWARD_KERNELS)):
-            if phase not in args.phases:
+            if phase not in passes:
                 continue
             timing = measure(fn, repeats_for(synchronized_ms(fn), args.repeats))
             records.append(latency_record(env, kernel=kernel, provider="attnlab", phase=phase,
                                           shape=shape, timing=timing,
                                           flops=phase_flops(shape, phase), kernel_names=names))
-        if kernel != ring_model.LOCAL_STEP and "fwdbwd" in args.phases:
+        if kernel != ring_model.LOCAL_STEP and "fwdbwd" in passes:
             block_grads[kernel] = (block, forward_backward())
     # The fp32 bookkeeping of one step, with the ring's own functions.
-    if "prefill" in args.phases:
+    if "prefill" in passes:
         out_acc = torch.zeros(q.shape, device=RUN.device, dtype=torch.float32)
         lse_acc = torch.zeros(1, heads, n, device=RUN.device, dtype=torch.float32)
         part_out, part_lse = flash_forward(q, k, v, layout="bshd", scale=scale)
@@ -263,14 +262,14 @@ def time_blocks(env, shard: AttentionShape, args) -> list[dict]:
     return records
 
 
-def print_model(records: list[dict], shard: AttentionShape, args) -> list[dict]:
+def print_model(records: list[dict], shard: AttentionShape, args, passes: list[str]) -> list[dict]:
     link = ring_model.RingLink(intra_node_bytes_per_s=args.link_gbps * 1e9,
                                inter_node_bytes_per_s=args.inter_node_gbps * 1e9)
     forward = ring_model.pass_times_from_records(records, shard)
     backward = ring_model.pass_times_from_records(records, shard, phase="fwdbwd") \
-        if "fwdbwd" in args.phases else None
+        if "fwdbwd" in passes else None
     rows = []
-    for phase in args.phases:
+    for phase in passes:
         for row in ring_model.weak_scaling(shard, forward, backward, phase=phase, link=link):
             print(f"  model {phase:7s} P={row.world_size:2d} total {row.total_tokens:>8d}: "
                   f"efficiency {row.efficiency:6.1%}  ring {row.ring_ms:9.2f} ms  exposed "
@@ -282,44 +281,46 @@ def print_model(records: list[dict], shard: AttentionShape, args) -> list[dict]:
     return rows
 
 
-def single_gpu(args) -> int:
-    if RUN.device == "cuda":
-        torch.cuda.set_device(0)
-    env = environment(COMMAND)
-    # A group of one runs the ring's own code path (no hops) through NCCL.
-    dist.init_process_group(BACKENDS[RUN.device], store=dist.HashStore(), rank=0, world_size=1)
-    failures = 0
-    correctness = run_correctness(env, 0)
-    failures += sum(not row["passed"] for row in correctness)
-    records, predictions = [], []
-    deadline = time.monotonic() + args.budget_s
+def time_single_gpu(ctx) -> list[dict]:
+    """Each block kind a ring step runs, the merge and the gradient accumulation, per shard length."""
+    records, env, args = [], ctx.env, ctx.args
     for n in args.tokens_per_gpu:
         shard = shard_shape(n, args.kv_heads)
-        if time.monotonic() > deadline:
-            records.append(skipped_record(provider="attnlab", phase="prefill", shape=shard,
-                                          reason="the run's time budget was spent",
-                                          env=env, kernel=ring_model.LOCAL_STEP))
-            continue
-        try:
-            measured = time_blocks(env, shard, args)
-            records += measured
-            print(f"tokens per GPU {n}:", flush=True)
-            for r in measured:
-                print(f"  {r['kernel']:22s} {r['phase']:7s} q {r['shape']['seqlen_q']:>7d} "
-                      f"k {r['shape']['seqlen_k']:>7d} {r['p50']:9.3f} ms "
-                      f"{(r['tflops'] or 0):6.1f} TFLOP/s", flush=True)
-            if "prefill" in args.phases:  # the model needs the forward pass's times
-                predictions += print_model(measured, shard, args)
-        except Exception as error:
-            failures += 1
-            traceback.print_exc()
-            records.append(skipped_record(provider="attnlab", phase="prefill", shape=shard,
-                                          reason=f"{type(error).__name__}: {error}"[:500],
-                                          env=env, kernel=ring_model.LOCAL_STEP))
+        reason = BUDGET_SPENT if ctx.spent() else None
+        if reason is None:
+            try:
+                measured = time_blocks(env, shard, args, [ctx.phase])
+                records += measured
+                print(f"tokens per GPU {n}:", flush=True)
+                for r in measured:
+                    print(f"  {r['kernel']:22s} {r['phase']:7s} q {r['shape']['seqlen_q']:>7d} "
+                          f"k {r['shape']['seqlen_k']:>7d} {r['p50']:9.3f} ms "
+                          f"{(r['tflops'] or 0):6.1f} TFLOP/s", flush=True)
+            except Exception as error:
+                ctx.fail()
+                traceback.print_exc()
+                reason = f"{type(error).__name__}: {error}"[:500]
+        if reason is not None:
+            records.append(skipped_record(provider="attnlab", phase=ctx.phase, shape=shard,
+                                          reason=reason, env=env, kernel=ring_model.LOCAL_STEP))
         empty_cache()
-    write_outputs(args.out, records, correctness, predictions)
-    dist.destroy_process_group()
-    return failures
+    return records
+
+
+def model_predictions(ctx, records: list[dict]) -> list[dict]:
+    """The model's weak scaling from the measured blocks (it needs the forward's times)."""
+    passes = [p for p in ("prefill", "fwdbwd") if ctx.results.get(p)]
+    if "prefill" not in passes:
+        return []
+    measured = [r for r in records if r["metric"] == "latency"]
+    predictions = []
+    for n in ctx.args.tokens_per_gpu:
+        shard = shard_shape(n, ctx.args.kv_heads)
+        try:
+            predictions += print_model(measured, shard, ctx.args, passes)
+        except (KeyError, ValueError) as error:  # a shard the budget left unmeasured
+            print(f"  model at {n} tokens per GPU: {error}", flush=True)
+    return predictions
 
 
 # ---------------------------------------------------------------------------
@@ -444,72 +445,47 @@ def time_ring(env, total: int, phase: str, args, rank: int, world_size: int) -> 
     return records, summary
 
 
-def multi_gpu(args) -> int:
-    if RUN.device == "cuda":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    env = environment(COMMAND)
-    dist.init_process_group(BACKENDS[RUN.device],
-                            timeout=datetime.timedelta(seconds=args.collective_timeout_s))
+def time_multi_gpu(ctx) -> tuple[list[dict], list[dict]]:
+    """The ring, the ring without hops, the hops alone and one GPU at 1/P, per total length."""
+    env, args, phase = ctx.env, ctx.args, ctx.phase
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    if world_size < 2:
-        raise SystemExit("multi-GPU mode needs torchrun with --nproc-per-node >= 2 "
-                         "(use --single-gpu for one GPU)")
-    correctness = run_correctness(env, rank)
-    failures = sum(not row["passed"] for row in correctness) if rank == 0 else 0
     records, summaries = [], []
-    deadline = time.monotonic() + args.budget_s
     for total in args.totals:
-        for phase in args.phases:
-            # Every rank must take the same branch: decide on the slowest rank's clock.
-            out_of_time = agreed_max(float(time.monotonic() > deadline)) > 0
-            full = shard_shape(total // world_size, args.kv_heads).replace(seqlen_q=total,
-                                                                          seqlen_k=total)
-            if out_of_time or total % (2 * world_size):
-                reason = "the run's time budget was spent" if out_of_time else \
-                    f"total {total} is not a multiple of 2 * world_size = {2 * world_size}"
-                if rank == 0:
-                    records.append(skipped_record(provider="attnlab-ring", phase=phase,
-                                                  shape=full, reason=reason, env=env,
-                                                  kernel=f"ring x{world_size} ring"))
-                continue
-            try:
-                measured, summary = time_ring(env, total, phase, args, rank, world_size)
-                records += measured
-                summaries.append(summary)
-                if rank == 0:
-                    print(f"P={world_size} total {total} {phase}: ring {summary['ring_ms']:.2f} ms"
-                          f", efficiency {summary['efficiency']:.1%}, exposed "
-                          f"{summary['exposed_transfer_ms']:.2f} ms of "
-                          f"{summary['transfers_ms']:.2f} ms transfers "
-                          f"(hidden {summary['hidden_share']:.0%})", flush=True)
-            except Exception as error:  # an OOM is on every rank alike: they go on together
-                failures += 1
-                traceback.print_exc()
-                if rank == 0:
-                    records.append(skipped_record(provider="attnlab-ring", phase=phase,
-                                                  shape=full,
-                                                  reason=f"{type(error).__name__}: {error}"[:500],
-                                                  env=env, kernel=f"ring x{world_size} ring"))
-            empty_cache()
-    if rank == 0:
-        write_outputs(args.out, records, correctness, summaries)
-        print_table(summaries)
-    dist.destroy_process_group()
-    return failures
+        # Every rank must take the same branch: decide on the slowest rank's clock.
+        out_of_time = agreed_max(float(ctx.spent())) > 0
+        full = shard_shape(total // world_size, args.kv_heads).replace(seqlen_q=total,
+                                                                      seqlen_k=total)
+        if out_of_time or total % (2 * world_size):
+            reason = BUDGET_SPENT if out_of_time else \
+                f"total {total} is not a multiple of 2 * world_size = {2 * world_size}"
+            if rank == 0:
+                records.append(skipped_record(provider="attnlab-ring", phase=phase,
+                                              shape=full, reason=reason, env=env,
+                                              kernel=f"ring x{world_size} ring"))
+            continue
+        try:
+            measured, summary = time_ring(env, total, phase, args, rank, world_size)
+            records += measured
+            summaries.append(summary)
+            if rank == 0:
+                print(f"P={world_size} total {total} {phase}: ring {summary['ring_ms']:.2f} ms"
+                      f", efficiency {summary['efficiency']:.1%}, exposed "
+                      f"{summary['exposed_transfer_ms']:.2f} ms of "
+                      f"{summary['transfers_ms']:.2f} ms transfers "
+                      f"(hidden {summary['hidden_share']:.0%})", flush=True)
+        except Exception as error:  # an OOM is on every rank alike: they go on together
+            ctx.fail()
+            traceback.print_exc()
+            if rank == 0:
+                records.append(skipped_record(provider="attnlab-ring", phase=phase,
+                                              shape=full,
+                                              reason=f"{type(error).__name__}: {error}"[:500],
+                                              env=env, kernel=f"ring x{world_size} ring"))
+        empty_cache()
+    return records, summaries
 
 
 # ---------------------------------------------------------------------------
-
-def write_outputs(out_dir: str, records: list[dict], correctness: list[dict],
-                  summaries: list[dict]) -> None:
-    folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    upsert_records(folder / RECORDS_FILE, records)
-    with (folder / CORRECTNESS_FILE).open("a", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(row, default=str) + "\n" for row in correctness)
-    with (folder / "ring_summary.jsonl").open("a", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(row, default=str) + "\n" for row in summaries)
-
 
 def print_table(summaries: list[dict]) -> None:
     print("\n| GPUs | total | tokens/GPU | phase | ring ms | 1 GPU at 1/P ms | efficiency | "
@@ -522,48 +498,88 @@ def print_table(summaries: list[dict]) -> None:
               f"{s['hidden_share']:.0%} |")
 
 
-def main() -> int:
+bench = Bench("ring_h200", __doc__, budget_s=420.0, devices=("cuda", "cpu"))
+bench.option("--single-gpu", action="store_true",
+             help="measure the model's per-step inputs on one GPU")
+bench.option("--totals", type=lambda text: parse_int_list(text, "--totals"),
+             default=[131072, 524288], help="multi-GPU: total sequence lengths (comma-separated)")
+bench.option("--tokens-per-gpu", type=lambda text: parse_int_list(text, "--tokens-per-gpu"),
+             default=[8192, 16384, 32768, 65536, 131072],
+             help="single GPU: shard lengths to measure")
+bench.option("--kv-heads", type=int, default=RUN.heads)
+bench.option("--repeats", type=int, default=10, help="at most this many timed calls")
+bench.option("--collective-timeout-s", type=int, default=300)
+bench.option("--link-gbps", type=float, default=ring_model.NVLINK4_BYTES_PER_S / 1e9,
+             help="model: hop bandwidth inside a node, GB/s per direction")
+bench.option("--inter-node-gbps", type=float, default=ring_model.NDR_INFINIBAND_BYTES_PER_S / 1e9,
+             help="model: hop bandwidth between nodes, GB/s per direction")
+bench.option("--quick", action="store_true",
+             help="the smallest useful run: 128k total / 32k per GPU, 3 repeats")
+
+
+@bench.setup
+def start_group(ctx) -> None:
+    """The workload (tiny on the CPU), the device and the process group (NCCL or gloo)."""
     global RUN
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder for the JSON lines")
-    parser.add_argument("--single-gpu", action="store_true",
-                        help="measure the model's per-step inputs on one GPU")
-    parser.add_argument("--totals", type=parse_ints, default=[131072, 524288],
-                        help="multi-GPU: total sequence lengths (comma-separated)")
-    parser.add_argument("--tokens-per-gpu", type=parse_ints,
-                        default=[8192, 16384, 32768, 65536, 131072],
-                        help="single GPU: shard lengths to measure")
-    parser.add_argument("--phases", type=lambda s: s.split(","), default=["prefill", "fwdbwd"])
-    parser.add_argument("--kv-heads", type=int, default=RUN.heads)
-    parser.add_argument("--repeats", type=int, default=10, help="at most this many timed calls")
-    parser.add_argument("--budget-s", type=float, default=420.0,
-                        help="stop starting new measurements after this many seconds")
-    parser.add_argument("--collective-timeout-s", type=int, default=300)
-    parser.add_argument("--link-gbps", type=float, default=ring_model.NVLINK4_BYTES_PER_S / 1e9,
-                        help="model: hop bandwidth inside a node, GB/s per direction")
-    parser.add_argument("--inter-node-gbps", type=float,
-                        default=ring_model.NDR_INFINIBAND_BYTES_PER_S / 1e9,
-                        help="model: hop bandwidth between nodes, GB/s per direction")
-    parser.add_argument("--quick", action="store_true",
-                        help="the smallest useful run: 128k total / 32k per GPU, 3 repeats")
-    parser.add_argument("--smoke-cpu", action="store_true",
-                        help="exercise this script on CPU tensors (gloo, TRITON_INTERPRET=1), "
-                             "tiny shapes; the numbers mean nothing")
-    args = parser.parse_args()
-    unknown = set(args.phases) - set(ring_model.PHASES)
-    if unknown:
-        parser.error(f"--phases must be drawn from {list(ring_model.PHASES)}, got {sorted(unknown)}")
+    args = ctx.args
     if args.quick:
         args.totals, args.tokens_per_gpu, args.repeats = [131072], [8192, 32768], 3
-    if args.smoke_cpu:
+    if ctx.device == "cpu":
         RUN = SMOKE
         args.totals, args.tokens_per_gpu, args.repeats = [64], [16], 3
         args.kv_heads = min(args.kv_heads, RUN.heads)
-    elif not torch.cuda.is_available():
-        raise SystemExit("ring_h200.py needs CUDA GPUs (or --smoke-cpu)")
-    failures = single_gpu(args) if args.single_gpu else multi_gpu(args)
-    return 1 if failures else 0
+    if args.single_gpu:
+        if RUN.device == "cuda":
+            torch.cuda.set_device(0)
+        # A group of one runs the ring's own code path (no hops) through NCCL.
+        dist.init_process_group(BACKENDS[RUN.device], store=dist.HashStore(), rank=0,
+                                world_size=1)
+        return
+    if RUN.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(BACKENDS[RUN.device],
+                            timeout=datetime.timedelta(seconds=args.collective_timeout_s))
+    if dist.get_world_size() < 2:
+        raise SystemExit("multi-GPU mode needs torchrun with --nproc-per-node >= 2 "
+                         "(use --single-gpu for one GPU)")
+
+
+@bench.phase("correct")
+def correct(ctx) -> list[dict]:
+    """Small shapes through the ring, gathered on rank 0, against float64 (outputs, gradients)."""
+    rows = run_correctness(ctx.env, dist.get_rank())
+    if dist.get_rank() == 0:
+        ctx.fail(sum(not row["passed"] for row in rows))
+    return rows
+
+
+def time_pass(ctx):
+    """One pass (the forward, or forward + backward) timed in the chosen mode."""
+    return time_single_gpu(ctx) if ctx.args.single_gpu else time_multi_gpu(ctx)
+
+
+bench.phase("prefill")(time_pass)
+bench.phase("fwdbwd")(time_pass)
+
+
+@bench.finish
+def write_outputs(ctx) -> None:
+    if dist.get_rank() == 0:
+        passes = [ctx.results.get(p) or [] for p in ("prefill", "fwdbwd")]
+        if ctx.args.single_gpu:
+            records = [r for measured in passes for r in measured]
+            summaries = model_predictions(ctx, records)
+        else:
+            records = [r for measured, _ in passes for r in measured]
+            summaries = [s for _, measured in passes for s in measured]
+            print_table(summaries)
+        ctx.upsert(RECORDS_FILE, records)
+        for name, rows in ((CORRECTNESS_FILE, ctx.results.get("correct") or []),
+                           ("ring_summary.jsonl", summaries)):
+            for row in rows:
+                ctx.append_row(name, row)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

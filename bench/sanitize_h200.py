@@ -1,9 +1,9 @@
 """Every attnlab kernel over a compact grid of awkward shapes, in one process, for
-compute-sanitizer (issue #11); and the > 2^31-element forward cases (``--big``).
+compute-sanitizer (issue #11); and the > 2^31-element forward cases (phase ``big``).
 
     compute-sanitizer --tool memcheck python3 bench/sanitize_h200.py [--out DIR]
     compute-sanitizer --tool racecheck python3 bench/sanitize_h200.py --racecheck
-    PYTHONPATH=src python3 bench/sanitize_h200.py --big --out $OUT
+    PYTHONPATH=src python3 bench/sanitize_h200.py --phases big --out $OUT
 
 (run from the repository root with ``PYTHONPATH=src``).  The grid: ragged edges (lengths 1,
 17, 113, 257, q != k), padded head dims (59, 111; 256), GQA 3:1 and MQA, causal with
@@ -20,20 +20,21 @@ once, so the shapes stay small; ``--racecheck`` runs every Gluon case and a thir
 others (racecheck is slower still).  The summary line is last: cases run, passed, failed, skipped.  The
 sanitizer's own ``ERROR SUMMARY`` line follows it.
 
-``--big`` (no sanitizer): 64 queries x 600k keys and 600k queries x 256 keys at 32 heads
+``big`` (no sanitizer): 64 queries x 600k keys and 600k queries x 256 keys at 32 heads
 x d 128 (bshd: 2.46e9 elements, past 2^31), the same K/V size in bhsd, and varlen
 batches whose tokens pass 2^31 elements; each compared head by head (the first and the
 last head, whole rows) with the float64 reference by the accuracy rule.  ~40 GB of GPU
 memory; a case that does not fit is skipped with the reason.
+
+A configuration of attnlab.measure.engine: rows go to sanitize_cases.jsonl (the grid)
+and sanitize_big.jsonl under --out.  ``--device cpu`` runs the grid's cases under
+TRITON_INTERPRET=1 (the Gluon ones skip): ``--device cpu --only 'forward seqlen_q=1 '``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -43,6 +44,7 @@ import torch
 from attnlab.accuracy import check_accuracy, check_gradients
 from attnlab.kernels import forward as forward_module
 from attnlab.kernels.forward import flash_forward
+from attnlab.measure.engine import Bench
 
 DEVICE = "cuda"  # the case functions also run under TRITON_INTERPRET=1 with DEVICE = "cpu"
 
@@ -419,31 +421,37 @@ def big_cases() -> list[tuple[str, object, tuple]]:
 
 
 # ---------------------------------------------------------------------------
+bench = Bench("sanitize_h200", __doc__, devices=("cuda", "cpu"))
+bench.option("--racecheck", action="store_true",
+             help="the Gluon cases and every third other case only")
+bench.option("--only", default="", help="only cases whose name contains this")
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=None, help="folder for sanitize_cases.jsonl")
-    parser.add_argument("--racecheck", action="store_true",
-                        help="the Gluon cases and every third other case only")
-    parser.add_argument("--big", action="store_true", help="the > 2^31-element forward cases")
-    parser.add_argument("--only", default="", help="only cases whose name contains this")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU")
-        return 2
-    if args.big:
-        cases = [(name, lambda c, seed, fn=fn: fn(*c), params) for name, fn, params in big_cases()]
-    else:
-        cases = grid()
-        if args.racecheck:
-            # Every Gluon case (its shared memory, mbarriers and TMA are explicit, so a
-            # race there is ours) and a third of the rest (Triton manages theirs).
-            cases = [c for i, c in enumerate(cases)
-                     if "_sm90" in c[0] or i % 3 == 0]
-    # Seeds follow the case's place in the whole list, so --only reruns the same inputs.
-    cases = [(index, c) for index, c in enumerate(cases) if args.only in c[0]]
+
+def chosen(cases: list, args) -> list[tuple[int, tuple]]:
+    """(index, case) of those --only names; seeds follow the index in the whole list, so
+    --only reruns the same inputs."""
+    return [(index, c) for index, c in enumerate(cases) if args.only in c[0]]
+
+
+def grid_plan(args) -> list[tuple[int, tuple]]:
+    cases = grid()
+    if args.racecheck:
+        # Every Gluon case (its shared memory, mbarriers and TMA are explicit, so a
+        # race there is ours) and a third of the rest (Triton manages theirs).
+        cases = [c for i, c in enumerate(cases) if "_sm90" in c[0] or i % 3 == 0]
+    return chosen(cases, args)
+
+
+def big_plan(args) -> list[tuple[int, tuple]]:
+    return chosen([(name, lambda c, seed, fn=fn: fn(*c), params)
+                   for name, fn, params in big_cases()], args)
+
+
+def run_cases(ctx, file: str) -> None:
+    """Each case once: passed, failed (with the traceback) or skipped (with the reason)."""
+    globals()["DEVICE"] = ctx.device
     rows, started = [], time.time()
-    for index, (name, fn, case) in cases:
+    for index, (name, fn, case) in ctx.within_budget(ctx.plan, label=lambda c: c[1][0]):
         t0 = time.time()
         try:
             detail, status = fn(case, 100 + index), "passed"
@@ -457,20 +465,26 @@ def main() -> int:
         rows.append({"case": name, "status": status, "detail": detail,
                      "seconds": round(time.time() - t0, 2)})
         print(f"[{status:7s}] {name}  ({detail}; {time.time() - t0:.1f} s)", flush=True)
-        if args.big:
+        if ctx.phase == "big":
             torch.cuda.empty_cache()
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        name = "sanitize_big.jsonl" if args.big else "sanitize_cases.jsonl"
-        with open(os.path.join(args.out, name), "w") as f:
-            environment = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                           "argv": sys.argv[1:]}
-            f.writelines(json.dumps({**row, **environment}) + "\n" for row in rows)
+    ctx.write_rows(file, [{**row, **ctx.env} for row in rows])
     counts = {s: sum(r["status"] == s for r in rows) for s in ("passed", "failed", "skipped")}
     print(f"summary: {len(rows)} cases, {counts['passed']} passed, {counts['failed']} failed, "
           f"{counts['skipped']} skipped, {time.time() - started:.0f} s")
-    return 1 if counts["failed"] else 0
+    ctx.fail(counts["failed"])
+
+
+@bench.phase("grid", plan=grid_plan)
+def grid_phase(ctx) -> None:
+    """Every kernel over the compact grid of awkward shapes (run it under compute-sanitizer)."""
+    run_cases(ctx, "sanitize_cases.jsonl")
+
+
+@bench.phase("big", default=False, plan=big_plan)
+def big_phase(ctx) -> None:
+    """Forward cases past 2^31 elements, head by head against float64 (~40 GB)."""
+    run_cases(ctx, "sanitize_big.jsonl")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

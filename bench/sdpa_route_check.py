@@ -4,20 +4,27 @@ Prints, per case, SDPA's own backend choice (``torch._fused_sdp_choice``) and th
 kernels a forward and a backward launched, so a call that SDPA still sends to cuDNN
 shows up by name:
 
-    PYTHONPATH=src python3 bench/sdpa_route_check.py [--activate-first]
+    PYTHONPATH=src python3 bench/sdpa_route_check.py [--phases activate-first]
 
-``--activate-first`` activates attnlab before this process makes any CUDA call (the
-order a test that starts with activation has) and prints SDPA's priority order at each
-step, to show whether initialising CUDA afterwards changes it.
+Phase ``activate-first`` (``--phases activate-first``; it was ``--activate-first``)
+activates attnlab before this process makes any CUDA call (the order a test that starts
+with activation has) and prints SDPA's priority order at each step, to show whether
+initialising CUDA afterwards changes it.  A configuration of attnlab.measure.engine
+(it writes nothing).
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import attnlab.integrations.sdpa as attnlab_sdpa
+from attnlab.measure.engine import Bench
+
+bench = Bench("sdpa_route_check", __doc__)
 
 CASES = [(1024, 1024, True, 8, 2), (1024, 1024, True, 8, 8), (1024, 1024, False, 8, 2),
          (300, 1000, False, 8, 2)]
@@ -56,17 +63,24 @@ def priority() -> list[str]:
     return [str(b) for b in torch._C._get_sdp_priority_order()]
 
 
-if __name__ == "__main__":
-    import sys
+@bench.phase("before-after")
+def before_after(ctx) -> None:
+    """Each case's SDPA choice and kernels, then the same after activate()."""
+    run("before")
+    attnlab_sdpa.activate()
+    run("after ")
 
-    if "--activate-first" in sys.argv:
-        print("priority at start:", priority())
-        attnlab_sdpa.activate()
-        print("priority after activate:", priority())
-        torch.zeros(1, device="cuda")
-        print("priority after the first CUDA tensor:", priority())
-        run("activated first")
-    else:
-        run("before")
-        attnlab_sdpa.activate()
-        run("after ")
+
+@bench.phase("activate-first", default=False)
+def activate_first(ctx) -> None:
+    """activate() before the first CUDA call; SDPA's priority order at each step."""
+    print("priority at start:", priority())
+    attnlab_sdpa.activate()
+    print("priority after activate:", priority())
+    torch.zeros(1, device="cuda")
+    print("priority after the first CUDA tensor:", priority())
+    run("activated first")
+
+
+if __name__ == "__main__":
+    sys.exit(bench.main())

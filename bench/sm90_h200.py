@@ -2,6 +2,7 @@
 its meta-parameters against today's Triton kernel and SDPA-cuDNN, and the SASS evidence.
 
     ATTNLAB_GIT_COMMIT=<sha> PYTHONPATH=src python3 bench/sm90_h200.py --out $OUT [--quick]
+        [--phases accuracy,sweep,sass]
 
 About 4 minutes (compiles included).  Writes into --out:
   sm90_accuracy.jsonl   one row per accuracy case (the project's rule, check_accuracy)
@@ -10,16 +11,16 @@ About 4 minutes (compiles included).  Writes into --out:
                         the best sm90 config, and the ratios to cuDNN (a tuning step's input)
   sm90_sass/            cuobjdump --dump-sass of the compiled variants + their evidence
 TFLOP/s count 4·B·H·N²·d, halved when causal.  A config that fails accuracy is not timed.
+A configuration of attnlab.measure.engine (phases, --sweep-budget, --out, environment,
+records); on a GPU without the sm_90 kernel it says why and exits 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -31,13 +32,21 @@ from attnlab.kernels import forward_sm90 as sm90
 from attnlab.kernels._sm90 import SHARED_MEMORY_LIMIT, disassemble
 from attnlab.kernels.configs import forward_config, length_bucket
 from attnlab.kernels.forward import flash_forward
+from attnlab.measure.engine import Bench, Unavailable
 from attnlab.measure.providers import prepare, provider
-from attnlab.measure.records import environment, make_record, upsert_records
+from attnlab.measure.records import make_record
 from attnlab.measure.timing import time_call
 from attnlab.shapes import AttentionShape
 
-COMMAND = "PYTHONPATH=src python3 bench/sm90_h200.py " + " ".join(sys.argv[1:])
 TOKENS = 16384  # batch * seqlen
+
+bench = Bench("sm90_h200", __doc__)
+bench.option("--quick", action="store_true", help="N=4k only, two configs per d")
+bench.option("--head-dims", default="128,64,256",
+             help="head dims the sweep times (256 = the GQA layer)")
+bench.option("--schedules", default=",".join(sm90.SCHEDULES))
+bench.option("--rescales", default="late", help=f"of {sm90.RESCALES}")
+bench.option("--stores", default="direct", help=f"of {sm90.STORES}")
 
 
 def flops(shape: AttentionShape) -> float:
@@ -67,9 +76,11 @@ def accuracy_case(q, k, v, *, layout, causal, config=None) -> dict:
             "passed": bool(result.passed and torch.equal(out, again))}
 
 
-def phase_accuracy(out_dir: str, quick: bool) -> int:
+@bench.phase("accuracy")
+def phase_accuracy(ctx) -> None:
     """A compact grid: head dims, masks, ragged lengths, GQA/MQA, both layouts and dtypes,
     for every schedule (at each head dim's default tiles)."""
+    quick = ctx.args.quick
     pairs = [(1, 1), (113, 203), (203, 113), (1023, 1024), (2000, 2000)]
     if not quick:
         pairs += [(1, 239), (239, 1), (128, 217)]
@@ -103,11 +114,9 @@ def phase_accuracy(out_dir: str, quick: bool) -> int:
                     if not case["passed"]:
                         failures += 1
                         print("ACCURACY FAIL", json.dumps(case), flush=True)
-    with open(os.path.join(out_dir, "sm90_accuracy.jsonl"), "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    ctx.write_rows("sm90_accuracy.jsonl", rows)
     print(f"accuracy: {len(rows) - failures}/{len(rows)} passed", flush=True)
-    return failures
+    ctx.fail(failures)
 
 
 def sweep_configs(head_dim: int, quick: bool, schedules=sm90.SCHEDULES,
@@ -190,16 +199,38 @@ def check_configs(configs, head_dim, causal, failed_configs, accuracy_rows):
             print("CONFIG FAILS ACCURACY, not timed:", json.dumps(case), flush=True)
 
 
-def phase_sweep(out_dir, env, quick, budget_s, head_dims, variants=None) -> list[tuple]:
-    started = time.time()
-    records, table, failed, accuracy_rows = [], [], set(), []
+def variants_of(args) -> dict:
+    """The sweep's schedules, rescale places and stores, each checked against the kernel's."""
+    variants = {}
+    for option, allowed in (("schedules", sm90.SCHEDULES), ("rescales", sm90.RESCALES),
+                            ("stores", sm90.STORES)):
+        values = [v for v in getattr(args, option).split(",") if v]
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise ValueError(f"--{option} must be comma-separated from {', '.join(allowed)}, "
+                             f"got {getattr(args, option)!r}")
+        variants[option] = values
+    return variants
+
+
+def sweep_plan(args) -> list[tuple]:
+    """(d, query heads, kv heads, causal, N) per shape; every config of each is built too."""
+    head_dims = [int(d) for d in args.head_dims.split(",") if d]
     lengths = {128: (1024, 2048, 4096, 8192, 16384), 64: (1024, 4096, 16384)}
     plan = [(d, 16, 16, causal, n) for d in (128, 64) for causal in (False, True)
             for n in lengths[d]]
     plan += [(256, 24, 4, True, n) for n in (1024, 4096, 16384)]  # the GQA layer
     plan = [p for p in plan if p[0] in head_dims]
-    if quick:
-        plan = [p for p in plan if p[4] == 4096]
+    for d in {p[0] for p in plan}:
+        sweep_configs(d, args.quick, **variants_of(args))
+    return [p for p in plan if p[4] == 4096] if args.quick else plan
+
+
+@bench.phase("sweep", cap_s=170.0, plan=sweep_plan)
+def phase_sweep(ctx) -> list[tuple]:
+    """Every config, the Triton kernel and cuDNN per shape; the winners per bucket."""
+    env, quick, variants = ctx.env, ctx.args.quick, variants_of(ctx.args)
+    records, table, failed, accuracy_rows = [], [], set(), []
     # Bring the clocks up first: in session 3 run 4 every config of the first shape timed
     # after a cold start measured ~35% low (bench/NOTES.md, attempt 13's notes).
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -210,11 +241,8 @@ def phase_sweep(out_dir, env, quick, budget_s, head_dims, variants=None) -> list
         torch.cuda.synchronize()
     del a
     checked = set()
-    for d, hq, hk, causal, n in plan:
-        if time.time() - started > budget_s:
-            print("sweep: time budget spent; stopping", flush=True)
-            break
-        configs = sweep_configs(d, quick, **(variants or {}))
+    for d, hq, hk, causal, n in ctx.within_budget(ctx.plan):
+        configs = sweep_configs(d, quick, **variants)
         if (d, causal) not in checked:
             check_configs(configs, d, causal, failed, accuracy_rows)
             checked.add((d, causal))
@@ -231,10 +259,10 @@ def phase_sweep(out_dir, env, quick, budget_s, head_dims, variants=None) -> list
         print(f"d={d} h={hq}/{hk} causal={causal!s:5} N={n:5}: best sm90 {best[0]:4.0f} "
               f"({best[1]})  triton {row.get('attnlab_triton', float('nan')):4.0f}  "
               f"cudnn {row.get('sdpa_cudnn', float('nan')):4.0f}", flush=True)
-    upsert_records(os.path.join(out_dir, "sm90_forward.jsonl"), records)
-    with open(os.path.join(out_dir, "sm90_config_accuracy.jsonl"), "w") as f:
-        for row in accuracy_rows:
-            f.write(json.dumps(row) + "\n")
+    ctx.upsert("sm90_forward.jsonl", records)
+    ctx.write_rows("sm90_config_accuracy.jsonl", accuracy_rows)
+    ctx.path("sm90_winners.json").write_text(json.dumps(
+        {"env": env, "winners": winners(table)}, indent=1))
     return table
 
 
@@ -257,10 +285,9 @@ def winners(table) -> list[dict]:
     return rows
 
 
-def phase_sass(out_dir: str) -> None:
+@bench.phase("sass")
+def phase_sass(ctx) -> None:
     """SASS + evidence (n_regs, spills, setmaxnreg, ex2 between the waits) per launched variant."""
-    folder = os.path.join(out_dir, "sm90_sass")
-    os.makedirs(folder, exist_ok=True)
     summary = []
     compiled = [kernel for cache in getattr(sm90._attn_fwd_sm90, "device_caches", {}).values()
                 for kernel in cache[0].items()]
@@ -273,69 +300,34 @@ def phase_sass(out_dir: str) -> None:
                      **sm90.overlap_evidence(kernel.asm)}
             sass = disassemble(kernel.asm["cubin"])
             if sass is not None and i < 4:
-                with open(os.path.join(folder, f"{tag}.sass"), "w") as f:
-                    f.write(sass)
+                ctx.path(f"sm90_sass/{tag}.sass").write_text(sass)
             summary.append(entry)
         except Exception as error:  # noqa: BLE001
             summary.append({"tag": f"variant{i}", "error": str(error)[:300]})
-    with open(os.path.join(folder, "evidence.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=str)
+    ctx.path("sm90_sass/evidence.json").write_text(json.dumps(summary, indent=1, default=str))
     for entry in summary[:6]:
         print("sass:", json.dumps({k: entry.get(k) for k in (
             "tag", "n_regs", "n_spills", "shared", "setmaxnreg", "ex2_between_waits",
             "local_memory_ops", "error")}, default=str), flush=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--quick", action="store_true", help="N=4k only, two configs per d")
-    parser.add_argument("--sweep-budget", type=float, default=170.0)
-    parser.add_argument("--phases", default="accuracy,sweep",
-                        help="comma-separated: accuracy (the grid), sweep (timing + winners)")
-    parser.add_argument("--head-dims", default="128,64,256",
-                        help="head dims the sweep times (256 = the GQA layer)")
-    parser.add_argument("--schedules", default=",".join(sm90.SCHEDULES))
-    parser.add_argument("--rescales", default="late", help=f"of {sm90.RESCALES}")
-    parser.add_argument("--stores", default="direct", help=f"of {sm90.STORES}")
-    args = parser.parse_args()
-    variants = {"schedules": args.schedules.split(","), "rescales": args.rescales.split(","),
-                "stores": args.stores.split(",")}
-    os.makedirs(args.out, exist_ok=True)
-    env = environment(COMMAND)
-    print(json.dumps(env), flush=True)
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU (an sm_90 one for the kernel itself)", flush=True)
-        return 0
+@bench.setup
+def sm90_runs_here(ctx) -> None:
     q = torch.empty(1, 128, 1, 128, device="cuda", dtype=torch.bfloat16)
     ok, reason = sm90.supports(q, q, q, causal=True)
     if not ok:
-        print(f"the sm90 kernel does not run here: {reason}", flush=True)
-        return 0
-    started = time.time()
-    phases = args.phases.split(",")
-    failures = phase_accuracy(args.out, args.quick) if "accuracy" in phases else 0
-    print(f"accuracy phase: {time.time() - started:.0f} s", flush=True)
-    head_dims = [int(d) for d in args.head_dims.split(",")]
-    table = (phase_sweep(args.out, env, args.quick, args.sweep_budget, head_dims, variants)
-             if "sweep" in phases else [])
-    table_rows = winners(table)
-    with open(os.path.join(args.out, "sm90_winners.json"), "w") as f:
-        json.dump({"env": env, "winners": table_rows}, f, indent=1)
-    try:
-        phase_sass(args.out)
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
+        raise Unavailable(f"the sm90 kernel does not run here: {reason}")
 
+
+@bench.finish
+def print_table(ctx) -> None:
     print("\nbf16 TFLOP/s          sm90(best) / triton / cudnn   sm90/triton  sm90/cudnn  config")
-    for r in table_rows:
+    for r in winners(ctx.results.get("sweep") or []):
         print(f"  d={r['head_dim']:3d} h={r['heads'][0]:2d}/{r['heads'][1]:2d} "
               f"causal={r['causal']!s:5} N={r['seqlen']:5d}: {r['sm90_tflops']:5.0f} / "
               f"{r['triton_tflops']:5.0f} / {r['cudnn_tflops']:5.0f}   "
               f"{r['sm90_vs_triton']:6.2f}x    {r['sm90_vs_cudnn']:6.2f}x   {r['sm90_config']}")
-    print(f"accuracy failures: {failures}; total {time.time() - started:.0f} s")
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

@@ -10,16 +10,14 @@ within the spread of SDPA against itself.  Attention runs in bf16 (q, k, v cast 
 the fp32 model); everything else is fp32.
 
 Writes ``train_check.jsonl`` (one line per run and step, then a summary line) and
-``train_check.png`` into --out.  About a minute on the H200.
+``train_check.png`` into --out.  About a minute on the H200.  A configuration of
+attnlab.measure.engine (one phase, ``train``).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import math
-import os
 import sys
 import time
 
@@ -28,9 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import attnlab
-from attnlab.measure.records import environment
+from attnlab.measure.engine import Bench
 
-COMMAND = "PYTHONPATH=src python3 bench/train_check_h200.py " + " ".join(sys.argv[1:])
 CORPUS_MODULES = ("argparse", "textwrap", "difflib", "inspect", "dataclasses", "typing")
 
 
@@ -123,15 +120,16 @@ def smoothed(values: list[float], width: int = 10) -> list[float]:
             for i in range(len(values))]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--context", type=int, default=256)
-    args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    env = environment(COMMAND)
+bench = Bench("train_check_h200", __doc__)
+bench.option("--steps", type=int, default=200)
+bench.option("--batch", type=int, default=16)
+bench.option("--context", type=int, default=256)
+
+
+@bench.phase("train")
+def train_check(ctx) -> None:
+    """attnlab, SDPA and SDPA with another seed train the same tiny GPT; the gaps compared."""
+    args, env = ctx.args, ctx.env
     data = corpus_bytes()
     print(f"corpus: {data.numel()} bytes from {', '.join(CORPUS_MODULES)}", flush=True)
 
@@ -148,28 +146,24 @@ def main() -> int:
         print(f"{name}: loss {runs[name][0]:.3f} -> {runs[name][-1]:.3f} "
               f"({time.time() - started:.1f} s)", flush=True)
 
-    path = os.path.join(args.out, "train_check.jsonl")
-    with open(path, "w", encoding="utf-8") as handle:
-        for name, losses in runs.items():
-            for step, loss in enumerate(losses):
-                handle.write(json.dumps({"what": "train_loss", "run": name, "step": step,
-                                         "loss": loss}) + "\n")
-        summary = {"what": "train_check_summary", "steps": args.steps, "batch": args.batch,
-                   "context": args.context, "corpus_bytes": data.numel(), **env}
-        if {"attnlab_seed0", "sdpa_seed0", "sdpa_seed1"} <= runs.keys():
-            ours, same, other = (smoothed(runs[n]) for n in ("attnlab_seed0", "sdpa_seed0",
-                                                             "sdpa_seed1"))
-            # After warm-up: the largest gap of the smoothed curves, ours vs SDPA's own spread.
-            skip = min(20, args.steps // 4)
-            gap = max(abs(a - b) for a, b in zip(ours[skip:], same[skip:], strict=True))
-            spread = max(abs(a - b) for a, b in zip(same[skip:], other[skip:], strict=True))
-            summary.update(max_gap_attnlab_vs_sdpa=gap, max_gap_sdpa_seed0_vs_seed1=spread,
-                           final_loss={n: runs[n][-1] for n in runs}, passed=gap <= spread)
-            print(f"smoothed loss gap attnlab vs SDPA (same seed): {gap:.4f}; SDPA seed 0 vs 1: "
-                  f"{spread:.4f} -> {'PASS' if gap <= spread else 'FAIL'}", flush=True)
-        else:
-            summary.update(passed=False, error="a run failed; see the log")
-        handle.write(json.dumps(summary) + "\n")
+    rows = [{"what": "train_loss", "run": name, "step": step, "loss": loss}
+            for name, losses in runs.items() for step, loss in enumerate(losses)]
+    summary = {"what": "train_check_summary", "steps": args.steps, "batch": args.batch,
+               "context": args.context, "corpus_bytes": data.numel(), **env}
+    if {"attnlab_seed0", "sdpa_seed0", "sdpa_seed1"} <= runs.keys():
+        ours, same, other = (smoothed(runs[n]) for n in ("attnlab_seed0", "sdpa_seed0",
+                                                         "sdpa_seed1"))
+        # After warm-up: the largest gap of the smoothed curves, ours vs SDPA's own spread.
+        skip = min(20, args.steps // 4)
+        gap = max(abs(a - b) for a, b in zip(ours[skip:], same[skip:], strict=True))
+        spread = max(abs(a - b) for a, b in zip(same[skip:], other[skip:], strict=True))
+        summary.update(max_gap_attnlab_vs_sdpa=gap, max_gap_sdpa_seed0_vs_seed1=spread,
+                       final_loss={n: runs[n][-1] for n in runs}, passed=gap <= spread)
+        print(f"smoothed loss gap attnlab vs SDPA (same seed): {gap:.4f}; SDPA seed 0 vs 1: "
+              f"{spread:.4f} -> {'PASS' if gap <= spread else 'FAIL'}", flush=True)
+    else:
+        summary.update(passed=False, error="a run failed; see the log")
+    ctx.write_rows("train_check.jsonl", [*rows, summary])
 
     try:
         import matplotlib
@@ -186,11 +180,11 @@ def main() -> int:
         axis.set_title("tiny GPT on stdlib source: attnlab vs SDPA attention (bf16)")
         axis.legend()
         figure.tight_layout()
-        figure.savefig(os.path.join(args.out, "train_check.png"), dpi=120)
+        figure.savefig(ctx.path("train_check.png"), dpi=120)
     except Exception as error:  # noqa: BLE001 - the numbers stand without the plot
         print(f"plot failed: {error}", flush=True)
-    return 0 if summary.get("passed") else 1
+    ctx.fail(not summary.get("passed"))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

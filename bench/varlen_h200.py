@@ -1,7 +1,7 @@
 """Varlen on the H200 (issue #14): attnlab's packed batches against padding and documents.
 
     PYTHONPATH=src python3 bench/varlen_h200.py --out $OUT [--quick] [--mixes a,b,c]
-        [--phases prefill,fwdbwd] [--no-flex]
+        [--phases correct,prefill,fwdbwd] [--no-flex]
 
 bf16, d = 128, 16 heads, causal, 16,384 real tokens per batch, in three mixes:
 
@@ -33,6 +33,10 @@ sequence), so padding and cross-document tiles count as waste.  Records (the sch
 ``attnlab.measure.records``; ``shape`` is the padded batch the mix fits in, the mix's
 lengths are in varlen_mixes.json) go to ``--out``/varlen_h200.jsonl; the table is last.
 
+A configuration of attnlab.measure.engine (phases, --out, environment, records);
+``--device cpu --tokens 256`` is a smoke run of the script itself under
+TRITON_INTERPRET=1 (tests/test_bench_engine.py runs it).
+
 Not measured here: a packed (sequence, block) work list instead of the
 (max blocks x batch x heads) grid; mix b's idle programs (blocks past a short
 sequence's end exit after reading cu_seqlens) are the cost it would remove.
@@ -43,22 +47,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
-import time
 import traceback
 
 import torch
 
 from attnlab.accuracy import check_accuracy, check_gradients
 from attnlab.measure import records as rec
+from attnlab.measure.engine import Bench
 from attnlab.measure.providers import PROVIDERS, ProviderUnavailable, prepare
 from attnlab.measure.timing import time_call
 from attnlab.model.flops import attention_flops, backward_flops
 from attnlab.shapes import AttentionShape
 
-COMMAND = "PYTHONPATH=src python3 bench/varlen_h200.py " + " ".join(sys.argv[1:])
 HEADS, HEAD_DIM = 16, 128
 TOKENS = 16384  # --tokens (smaller only for a CPU smoke run)
 DEVICE = "cuda"  # --device cpu: a smoke run of the script itself under TRITON_INTERPRET=1
@@ -312,76 +314,94 @@ def time_provider(name: str, mix: Mix, phase: str, env: dict, target_ms: float) 
         timing_method=result.describe_method())
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--mixes", default="a,b,c")
-    parser.add_argument("--phases", default="prefill,fwdbwd")
-    parser.add_argument("--providers", default=",".join(BUILDERS))
-    parser.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
-    parser.add_argument("--quick", action="store_true", help="shorter timing (50 ms a point)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tokens", type=int, default=16384, help=argparse.SUPPRESS)
-    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    globals().update(TOKENS=args.tokens, DEVICE=args.device)
-    os.makedirs(args.out, exist_ok=True)
-    phases = [p for p in args.phases.split(",") if p]
-    providers = [p for p in args.providers.split(",") if p and p in BUILDERS]
-    if args.no_flex and "flex_document" in providers:
-        providers.remove("flex_document")
-    if "fwdbwd" in phases:
+bench = Bench("varlen_h200", __doc__, devices=("cuda", "cpu"))
+bench.option("--mixes", default="a,b,c")
+bench.option("--providers", default=",".join(BUILDERS))
+bench.option("--no-flex", action="store_true", help="leave FlexAttention out")
+bench.option("--quick", action="store_true", help="shorter timing (50 ms a point)")
+bench.option("--seed", type=int, default=0)
+bench.option("--tokens", type=int, default=16384, help=argparse.SUPPRESS)
+
+
+def chosen_providers(args) -> list[str]:
+    names = [p for p in args.providers.split(",") if p]
+    unknown = [p for p in names if p not in BUILDERS]
+    if unknown:
+        raise ValueError(f"--providers: unknown provider {unknown[0]!r}; this script's are "
+                         f"{', '.join(BUILDERS)}")
+    return [p for p in names if not (args.no_flex and p == "flex_document")]
+
+
+def mix_names(args) -> list[str]:
+    names = [m for m in args.mixes.split(",") if m]
+    unknown = [m for m in names if m not in ("a", "b", "c")]
+    if unknown or not names:
+        raise ValueError(f"--mixes must be comma-separated from a, b, c, got {args.mixes!r}")
+    return names
+
+
+def timing_plan(args) -> list[tuple[str, str]]:
+    return [(mix, provider) for mix in mix_names(args) for provider in chosen_providers(args)]
+
+
+@bench.setup
+def build_mixes(ctx) -> None:
+    globals().update(TOKENS=ctx.args.tokens, DEVICE=ctx.device)
+    ctx.results["mixes"] = {name: Mix(name, ctx.args.seed) for name in mix_names(ctx.args)}
+    for name, mix in ctx.results["mixes"].items():
+        print(f"mix {name}: {len(mix.lengths)} sequences, longest {max(mix.lengths)}", flush=True)
+    ctx.path("varlen_mixes.json").write_text(json.dumps(
+        {name: mix.lengths for name, mix in ctx.results["mixes"].items()}, indent=1))
+
+
+@bench.phase("correct", plan=mix_names)
+def correct(ctx) -> None:
+    """Each varlen sequence against float64, gradients on the short ones, peers against varlen."""
+    providers = chosen_providers(ctx.args)
+    for name in ctx.plan:
+        mix = ctx.results["mixes"][name]
+
+        def log(**row):
+            ctx.append_row("varlen_correctness.jsonl", {"mix": name, **row})
+
         try:
-            import attnlab.kernels.backward  # noqa: F401
-        except Exception as error:  # noqa: BLE001
-            print(f"no backward ({error}): forward only", flush=True)
-            phases = [p for p in phases if p != "fwdbwd"]
-    env = rec.environment(COMMAND)
-    print(json.dumps({k: env[k] for k in rec.ENVIRONMENT_KEYS}), flush=True)
-    started = time.time()
+            ctx.fail(check_mix(mix, ctx.phases, providers, log))
+        except Exception:  # noqa: BLE001 - the next mix still runs; the traceback is the record
+            traceback.print_exc()
+            log(check="crashed", passed=False)
+            ctx.fail()
 
-    checks_path = os.path.join(args.out, "varlen_correctness.jsonl")
-    mixes, failures, records = {}, 0, []
-    with open(checks_path, "w") as checks_file:
-        for name in args.mixes.split(","):
-            mix = Mix(name, args.seed)
-            mixes[name] = mix
 
-            def log(**row):
-                checks_file.write(json.dumps({"mix": name, **row}) + "\n")
-                checks_file.flush()
+def time_phase(ctx) -> list[tuple[str, dict]]:
+    """Each provider on each mix, timed; useful TFLOP/s from the real tokens' pairs."""
+    target_ms = 50.0 if ctx.args.quick else 150.0
+    records = []
+    for name, provider in ctx.within_budget(ctx.plan, label=lambda point: "/".join(point)):
+        record = time_provider(provider, ctx.results["mixes"][name], ctx.phase, ctx.env,
+                               target_ms)
+        records.append((name, record))
+        ctx.upsert("varlen_h200.jsonl", [record])
+        if record["metric"] != rec.SKIPPED:
+            print(f"  {name} {ctx.phase:7s} {provider:19s} {record['p50']:.3f} ms  "
+                  f"{record['tflops']:.0f} useful TFLOP/s", flush=True)
+    return records
 
-            try:
-                mix_failures = check_mix(mix, phases, providers, log)
-            except Exception:  # noqa: BLE001 - keep going; the traceback is the record
-                traceback.print_exc()
-                log(check="crashed", passed=False)
-                mix_failures = 1
-            failures += mix_failures
-            print(f"mix {name}: {len(mix.lengths)} sequences, longest {max(mix.lengths)}, "
-                  f"correctness failures {mix_failures} ({time.time() - started:.0f} s)",
-                  flush=True)
-    with open(os.path.join(args.out, "varlen_mixes.json"), "w") as f:
-        json.dump({name: mix.lengths for name, mix in mixes.items()}, f, indent=1)
 
-    target_ms = 50.0 if args.quick else 150.0
-    for name, mix in mixes.items():
-        for phase in phases:
-            for provider in providers:
-                record = time_provider(provider, mix, phase, env, target_ms)
-                records.append((name, record))
-                if record["metric"] != rec.SKIPPED:
-                    print(f"  {name} {phase:7s} {provider:19s} {record['p50']:.3f} ms  "
-                          f"{record['tflops']:.0f} useful TFLOP/s  "
-                          f"({time.time() - started:.0f} s)", flush=True)
-    rec.upsert_records(os.path.join(args.out, "varlen_h200.jsonl"), [r for _, r in records])
+bench.phase("prefill", plan=timing_plan)(time_phase)
+bench.phase("fwdbwd", plan=timing_plan)(time_phase)
 
+
+@bench.finish
+def print_table(ctx) -> None:
+    providers = chosen_providers(ctx.args)
     print("\nuseful TFLOP/s (real tokens only), bf16 d=128 16 heads causal, 16k tokens")
     print(f"{'mix':4s} {'phase':8s} " + " ".join(f"{p:>19s}" for p in providers)
           + "   varlen/cudnn  varlen/flex  varlen/dense")
-    for name in mixes:
-        for phase in phases:
-            row = {r["provider"]: r for n, r in records if n == name and r["phase"] == phase}
+    for name in ctx.results.get("mixes", {}):
+        for phase in ("prefill", "fwdbwd"):
+            row = {r["provider"]: r for n, r in ctx.results.get(phase) or [] if n == name}
+            if not row:
+                continue
 
             def tflops(p):
                 r = row.get(p)
@@ -391,10 +411,7 @@ def main() -> int:
             print(f"{name:4s} {phase:8s} " + " ".join(f"{tflops(p):19.0f}" for p in providers)
                   + f"   {ours / tflops('sdpa_cudnn'):11.2f}x {ours / tflops('flex_document'):11.2f}x"
                   f" {ours / tflops('attnlab'):11.2f}x")
-    print(f"correctness failures: {failures} (details in {checks_path}); "
-          f"total {time.time() - started:.0f} s")
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench.main())

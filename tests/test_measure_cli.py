@@ -23,7 +23,7 @@ NO_CUDA = not torch.cuda.is_available()
     (["bench", "--providers", "fa9"], "unknown provider 'fa9'"),
     (["bench", "--seqlens", "1024,abc"], "--seqlens must be comma-separated ints"),
     (["bench", "--seqlens", "0"], "--seqlens must be comma-separated ints >= 1"),
-    (["bench", "--phase", "train"], "--phase must be comma-separated from"),
+    (["bench", "--phase", "train"], "--phases: unknown phase 'train'"),
     (["bench", "--flush", "sometimes"], "--flush must be one of"),
     (["bench", "--preset", "gpt-9"], "preset must be one of"),
     (["bench", "--dtype", "fp8"], "dtype must be one of"),
@@ -58,9 +58,8 @@ def test_without_cuda_the_verbs_say_what_they_need(capsys, argv):
 def test_replot_draws_from_records_without_a_gpu(tmp_path, capsys):
     from test_measure_plots import fixture_records
 
-    records = tmp_path / "bench.jsonl"
-    rec.upsert_records(records, fixture_records())
-    assert main(["bench", "--replot", "--out", str(records), "--plots", str(tmp_path / "p"),
+    rec.upsert_records(tmp_path / "bench.jsonl", fixture_records())
+    assert main(["bench", "--replot", "--out", str(tmp_path), "--plots", str(tmp_path / "p"),
                  "--json"]) == 0
     plots = json.loads(capsys.readouterr().out)["plots"]
     # one PNG per question (latency, throughput) per phase: the plots module's contract
@@ -151,7 +150,7 @@ def test_demo_without_cuda_points_at_committed_records(tmp_path, capsys, monkeyp
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU")
 def test_tiny_bench_end_to_end_on_gpu(tmp_path, capsys):
-    out = tmp_path / "bench.jsonl"
+    out = tmp_path / "results"
     argv = ["bench", "--providers", "eager,sdpa,sdpa_flash", "--phase", "prefill,decode",
             "--seqlens", "256,512", "--heads", "4", "--kv-heads", "2", "--target-ms", "5",
             "--out", str(out), "--plots", str(tmp_path / "plots"), "--json"]
@@ -186,7 +185,7 @@ def test_a_points_command_reproduces_its_shape_and_flop_convention(phase, flop_c
     argv = shlex.split(point_command(provider, phase, shape, {}, flop_count))
     assert argv[:2] == ["attnlab", "bench"]
     args = build_parser().parse_args(argv[1:])
-    assert args.flop_count == flop_count and args.phase == phase
+    assert args.flop_count == flop_count and args.phases == phase  # --phase: its old spelling
     heads = int(args.heads)
     rebuilt = phase_shape(command._base_shape(args, heads=heads), phase,
                           int(args.seqlens))

@@ -1,8 +1,10 @@
 """`attnlab bench`, `attnlab kernels`, `attnlab ncu`: measured, proven, comparable.
 
-- ``bench``: prefill / decode / fwd+bwd sweeps over providers and lengths; every
-  point checked against the reference, its kernels listed, timed with CUDA events
-  (cold L2), upserted into ``bench/results/*.jsonl``, plotted.
+- ``bench``: prefill / decode / fwd+bwd sweeps over providers and lengths, run by the
+  benchmark engine (:mod:`attnlab.measure.engine`, the one the ``bench/`` scripts are
+  configurations of); every point checked against the reference, its kernels listed,
+  timed with CUDA events (cold L2), upserted into ``--out``/bench.jsonl (default
+  ``./attnlab-results/``), plotted.
 - ``kernels``: the kernels one provider call actually launched, their time, and
   the share of time outside the matrix multiplies.
 - ``ncu``: Nsight Compute counters per kernel (DRAM bytes, duration, speed of light,
@@ -25,10 +27,9 @@ from pathlib import Path
 from attnlab.commands.cli_support import new_console, parse_int_list, parse_window, prepare_out_dir
 
 DEFAULT_RESULTS = Path("bench") / "results"
-DEFAULT_BENCH_FILE = DEFAULT_RESULTS / "bench.jsonl"
+BENCH_RECORDS = "bench.jsonl"  # inside the bench verb's --out folder
 DEFAULT_NCU_DIR = DEFAULT_RESULTS / "ncu"
 DEFAULT_NCU_RECORDS = DEFAULT_RESULTS / "ncu.jsonl"
-DEFAULT_PLOTS = DEFAULT_RESULTS / "plots"
 NCU_PROVIDERS = "eager,sdpa_flash,sdpa_cudnn,attnlab"
 NEEDS_CUDA = ("measurements need a CUDA GPU (torch.cuda.is_available() is False here); "
               "committed results are in bench/results/")
@@ -134,56 +135,98 @@ def _console():
 
 
 # ----- bench -------------------------------------------------------------------------------------
-def run_bench(args: argparse.Namespace) -> int:
-    from attnlab.measure import records as rec
+def _bench_engine():
+    """`attnlab bench` as a configuration of the benchmark engine: one phase per sweep phase."""
+    from attnlab.measure.engine import DEFAULT_OUT, Bench
+
+    bench = Bench("attnlab bench", command="attnlab bench", needs_cuda=NEEDS_CUDA,
+                  out_default=DEFAULT_OUT)
+    for phase in ("prefill", "decode", "fwdbwd"):
+        bench.phase(phase, default=phase != "fwdbwd", plan=_sweep_plan)(_sweep_phase)
+    bench.finish(_bench_report)
+    return bench
+
+
+def _sweep_plan(args: argparse.Namespace) -> list:
+    """(provider, length) points, with every option checked (bad input: exit 2, no GPU used)."""
     from attnlab.measure.providers import parse_providers
-    from attnlab.measure.sweep import run_sweep
     from attnlab.measure.timing import FLUSH_MODES
 
-    if args.replot:  # plots only read records: no GPU needed
-        from attnlab.measure.plots import plot_records, with_sibling_ceilings
-
-        args.plots = prepare_out_dir(args.plots, "--plots")
-        written = plot_records(with_sibling_ceilings(rec.load_records(args.out), args.out),
-                               args.plots)
-        if args.json:
-            _print_json({"plots": [str(p) for p in written]})
-        else:
-            print(f"{len(written)} plots from {args.out} written to {args.plots}")
-        return 0
-    providers = parse_providers(args.providers)
-    phases = _phases(args.phase)
-    seqlens = parse_int_list(args.seqlens, "--seqlens")
-    base = _base_shape(args, heads=args.heads)
     if args.flush not in FLUSH_MODES:
         raise ValueError(f"--flush must be one of {', '.join(FLUSH_MODES)}, got {args.flush!r}")
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be an int >= 1, got {args.repeats}")
-    if not _cuda_available():
-        print(f"attnlab bench: {NEEDS_CUDA}", file=sys.stderr)
-        return 2
-    if not args.no_plots:
-        args.plots = prepare_out_dir(args.plots, "--plots")
-    env = rec.environment(_command_line("bench"))
+    _base_shape(args, heads=args.heads)
+    return list(itertools.product(parse_providers(args.providers),
+                                  parse_int_list(args.seqlens, "--seqlens")))
+
+
+def _sweep_phase(ctx) -> list[dict]:
+    """One sweep phase: every provider over the lengths, checked, proven and timed."""
+    from attnlab.measure.sweep import run_sweep
+
+    args = ctx.args
+    providers = list({p.name: p for p, _ in ctx.plan}.values())
+    seqlens = list(dict.fromkeys(n for _, n in ctx.plan))
     timing = {"flush": args.flush, "cuda_graph": args.cuda_graph, "target_ms": args.target_ms,
               "repeats": args.repeats}
-    results = run_sweep(providers, phases, seqlens, base, device="cuda", env=env, timing=timing,
-                        out=args.out, progress=not args.json, flop_count=args.flop_count)
-    records = [r.record for r in results]
+    results = run_sweep(providers, [ctx.phase], seqlens, _base_shape(args, heads=args.heads),
+                        device="cuda", env=ctx.env, timing=timing,
+                        out=ctx.path(BENCH_RECORDS), deadline=ctx.deadline,
+                        progress=not args.json, flop_count=args.flop_count)
+    return [r.record for r in results]
+
+
+def _bench_report(ctx) -> None:
+    from attnlab.measure import records as rec
+
+    args = ctx.args
+    records = [r for phase in ctx.phases for r in ctx.results.get(phase) or []]
+    path = ctx.out_dir / BENCH_RECORDS
     plots = []
     if not args.no_plots and any(r["metric"] == "latency" for r in records):
         from attnlab.measure.plots import plot_records
 
-        plots = plot_records(rec.load_records(args.out), args.plots)
+        plots = plot_records(rec.load_records(path), _plots_dir(ctx.out_dir, args.plots))
     if args.json:
         _print_json({"records": records, "plots": [str(p) for p in plots]})
-        return 0
+        return
     console = _console()
+    base = _base_shape(args, heads=args.heads)
     console.print(records_table(records, f"attnlab bench — {base.describe()} (lengths swept); "
-                                         f"{rec.describe_environment(env)}"))
-    console.print(f"records upserted into {args.out}" +
-                  (f"; plots in {args.plots}" if plots else ""))
-    return 0
+                                         f"{rec.describe_environment(ctx.env)}"))
+    console.print(f"records upserted into {path}" + (f"; plots in {plots[0].parent}"
+                                                       if plots else ""))
+
+
+def _plots_dir(out_dir: Path, plots: str | None) -> Path:
+    """--plots (default: --out's plots/), checked as --out is, then created."""
+    from attnlab.measure.engine import check_out_dir
+
+    folder = plots if plots is not None else out_dir / "plots"
+    return prepare_out_dir(check_out_dir(folder, "--plots"), "--plots")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from attnlab.measure.engine import DEFAULT_OUT, check_out_dir
+
+    if args.replot:  # plots only read records: no GPU needed
+        from attnlab.measure import records as rec
+        from attnlab.measure.plots import plot_records, with_sibling_ceilings
+
+        # Reading: --out may also name a records file (the committed measure.jsonl).
+        given = Path(args.out or DEFAULT_OUT)
+        path = given if given.is_file() else given / BENCH_RECORDS
+        plots = _plots_dir(path.parent, args.plots)
+        written = plot_records(with_sibling_ceilings(rec.load_records(path), path), plots)
+        if args.json:
+            _print_json({"plots": [str(p) for p in written]})
+        else:
+            print(f"{len(written)} plots from {path} written to {written[0].parent}")
+        return 0
+    if args.plots is not None and not args.no_plots:
+        check_out_dir(args.plots, "--plots")  # refused now, not after the measurements
+    return _bench_engine().run(args, sys.argv[2:])
 
 
 # ----- kernels -----------------------------------------------------------------------------------
@@ -366,11 +409,11 @@ def run_ncu_verb(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser(
         "bench", help="time providers over sequence lengths (CUDA)",
-        description="Sweep providers over lengths for prefill / decode / fwdbwd: check each "
-                    "against the reference, list the kernels that ran, time with CUDA events "
-                    "(L2 flushed), upsert records and plot.")
-    bench.add_argument("--phase", default="prefill,decode",
-                       help="prefill, decode, fwdbwd (comma-separated; default prefill,decode)")
+        description="Sweep providers over lengths for prefill / decode / fwdbwd (the "
+                    "benchmark engine's phases): check each against the reference, list the "
+                    "kernels that ran, time with CUDA events (L2 flushed), upsert records "
+                    "into --out/bench.jsonl and plot.")
+    _bench_engine().add_arguments(bench, phases_aliases=("--phase",))
     bench.add_argument("--providers", default="all",
                        help="'all' or comma-separated provider names (see `attnlab kernels -h`)")
     bench.add_argument("--seqlens", default="1024,2048,4096,8192,16384",
@@ -387,14 +430,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--flop-count", choices=("exact", "conventional"), default="exact",
                        help="TFLOP/s from the mask's exact pairs (default) or the "
                             "benchmarks' 4BHN^2d halved when causal (the README's tables)")
-    bench.add_argument("--out", type=Path, default=DEFAULT_BENCH_FILE,
-                       help=f"records file, upserted (default {DEFAULT_BENCH_FILE})")
-    bench.add_argument("--plots", default=str(DEFAULT_PLOTS),
-                       help=f"folder for PNG/SVG plots (default {DEFAULT_PLOTS})")
+    bench.add_argument("--plots", default=None,
+                       help="folder for PNG/SVG plots (default: --out's plots/)")
     bench.add_argument("--no-plots", action="store_true", help="do not write plots")
     bench.add_argument("--replot", action="store_true",
                        help="measure nothing: redraw the plots from the records in --out "
-                            "(works without a GPU)")
+                            "(its bench.jsonl, or a records file; works without a GPU)")
     bench.add_argument("--json", action="store_true", help="print records as JSON")
     bench.set_defaults(run=run_bench)
 

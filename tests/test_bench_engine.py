@@ -1,0 +1,378 @@
+"""The benchmark engine (attnlab.measure.engine) and the bench scripts built on it, on a CPU.
+
+(a) The engine with fake phases: the shared budget and what it leaves unmeasured, phase
+selection and order, an unknown phase refused by name, the output folder (checked first,
+created only when something is written, never inside the package), the environment
+captured once, records written through measure.records.
+
+(b) Every bench script imports without CUDA, lists its phases, and builds every phase's
+plan (shapes, providers, configs) from its default options, so a broken script fails
+here and not on the next GPU lease; the scripts that take ``--device cpu`` run a phase
+end to end under TRITON_INTERPRET=1 on a tiny shape.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlab.measure import engine
+from attnlab.measure import records as rec
+from attnlab.measure.engine import BUDGET_SPENT, Bench, Unavailable, check_out_dir
+from attnlab.shapes import AttentionShape
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+# Every bench script that is a configuration of the engine.  The two table writers
+# (forward_table.py, sm90_dispatch_table.py) read committed records and run no phases.
+SCRIPTS = ("backward_h200", "decode_h200", "forward_h200", "h200_measure", "host_cost_h200",
+           "racecheck_probe", "ring_h200", "sanitize_h200", "sdpa_route_check", "sm90_h200",
+           "train_check_h200", "varlen_h200")
+
+
+class Clock:
+    """A monotonic clock the test moves by hand (the engine reads time.monotonic)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = Clock()
+    monkeypatch.setattr(engine.time, "monotonic", fake)
+    return fake
+
+
+def cpu_bench(**options) -> Bench:
+    return Bench("fake", "A fake benchmark.", devices=("cpu",), **options)
+
+
+# ----- (a) the engine --------------------------------------------------------------------------
+def test_each_phase_gets_the_budget_left_and_says_what_it_left_unmeasured(clock, tmp_path,
+                                                                          capsys):
+    bench = cpu_bench(budget_s=10.0)
+    done = []
+
+    @bench.phase(plan=lambda args: [f"p{i}" for i in range(6)])
+    def first(ctx):
+        """Six points, 3 s each."""
+        for point in ctx.within_budget(ctx.plan):
+            clock.now += 3.0
+            done.append(point)
+
+    @bench.phase()
+    def second(ctx):
+        """Never reached: the budget is gone."""
+        done.append("second")
+
+    assert bench.main(["--out", str(tmp_path / "o")]) == 0
+    # 0, 3, 6, 9 s are inside the 10 s budget; at 12 s the rest is left.
+    assert done == ["p0", "p1", "p2", "p3"]
+    err = capsys.readouterr().err
+    assert "first: 2 point(s), the time budget spent: p4, p5" in err
+    assert "second: the whole phase, the run's time budget spent before it" in err
+    assert err.count("left unmeasured: ") == 2
+
+
+def test_a_phase_cap_ends_that_phase_only(clock, tmp_path):
+    bench = cpu_bench()
+    reached = {}
+
+    @bench.phase(cap_s=5.0, plan=lambda args: list(range(10)))
+    def capped(ctx):
+        """Stops at its own cap."""
+        reached["capped"] = [clock.now for _ in ctx.within_budget(ctx.plan)
+                             if not setattr(clock, "now", clock.now + 2.0)]
+
+    @bench.phase(plan=lambda args: list(range(4)))
+    def free(ctx):
+        """No cap, no run budget: everything."""
+        reached["free"] = list(ctx.within_budget(ctx.plan))
+
+    assert bench.main(["--out", str(tmp_path / "o"), "--capped-budget", "4"]) == 0
+    assert len(reached["capped"]) == 3  # 0, 2, 4 s <= 4 s
+    assert reached["free"] == [0, 1, 2, 3]
+
+
+def test_phases_run_in_registration_order_and_only_those_named(tmp_path):
+    bench = cpu_bench()
+    ran = []
+    for name in ("a", "b", "c"):
+        bench.phase(name, default=name != "c")(lambda ctx: ran.append(ctx.phase))
+    assert bench.main(["--out", str(tmp_path / "1")]) == 0
+    assert ran == ["a", "b"]  # c is not a default
+    ran.clear()
+    assert bench.main(["--out", str(tmp_path / "2"), "--phases", "c,a"]) == 0
+    assert ran == ["a", "c"]
+
+
+def test_an_unknown_phase_is_refused_by_name_before_anything_is_written(tmp_path, capsys):
+    bench = cpu_bench()
+    bench.phase("tune")(lambda ctx: ctx.write_rows("x.jsonl", [{}]))
+    bench.phase("bench")(lambda ctx: None)
+    out = tmp_path / "never"
+    assert bench.main(["--out", str(out), "--phases", "tune,tuen"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "unknown phase 'tuen'" in err and "the phases of fake are tune, bench" in err
+    assert not out.exists()
+
+
+def test_the_output_folder_is_created_only_when_a_phase_writes(tmp_path, capsys):
+    bench = cpu_bench()
+    bench.phase("quiet")(lambda ctx: None)
+    bench.phase("writes", default=False)(lambda ctx: ctx.append_row("rows.jsonl", {"a": 1}))
+    out = tmp_path / "results" / "run1"
+    assert bench.main(["--out", str(out), "--list"]) == 0
+    assert "quiet" in capsys.readouterr().out and not out.exists()
+    assert bench.main(["--out", str(out)]) == 0
+    assert not out.exists()  # nothing written, no empty folder left behind
+    assert bench.main(["--out", str(out), "--phases", "writes"]) == 0
+    assert (out / "rows.jsonl").read_text() == '{"a": 1}\n'
+
+
+def test_a_run_that_cannot_start_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    bench = Bench("gpu_only", "Needs CUDA.")
+    bench.phase("p")(lambda ctx: ctx.write_rows("x.jsonl", [{}]))
+    monkeypatch.setattr(engine, "_cuda_available", lambda: False)
+    out = tmp_path / "o"
+    assert bench.main(["--out", str(out)]) == 2
+    assert capsys.readouterr().err == "gpu_only: needs a CUDA GPU\n"
+    assert not out.exists()
+
+    refusing = cpu_bench()
+    refusing.phase("p")(lambda ctx: ctx.write_rows("x.jsonl", [{}]))
+
+    @refusing.setup
+    def no_kernel(ctx):
+        raise Unavailable("the sm90 kernel does not run here")
+
+    assert refusing.main(["--out", str(out)]) == 2
+    assert "the sm90 kernel does not run here" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("inside", ["src/attnlab/data/results/x", "src/attnlab",
+                                    "bench/results/new"])
+def test_the_output_folder_is_never_inside_the_package(inside, capsys):
+    target = ROOT / inside
+    if not target.resolve().is_relative_to((ROOT / "src" / "attnlab").resolve()):
+        pytest.skip("bench/results is a real folder now, outside the package")
+    bench = cpu_bench()
+    bench.phase("p")(lambda ctx: ctx.write_rows("x.jsonl", [{}]))
+    existed = target.exists()
+    assert bench.main(["--out", str(target)]) == 2
+    assert "inside the attnlab package" in capsys.readouterr().err
+    assert target.exists() == existed
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: tmp / "file.txt", "is a file"),
+    (lambda tmp: tmp / "file.txt" / "sub", "which is not a folder"),
+    (lambda tmp: "", "empty path"),
+])
+def test_a_bad_output_folder_is_one_line(tmp_path, make, message):
+    (tmp_path / "file.txt").write_text("mine")
+    with pytest.raises(ValueError, match=message):
+        check_out_dir(make(tmp_path))
+    assert (tmp_path / "file.txt").read_text() == "mine"
+
+
+def test_records_are_written_with_the_environment_captured_once(tmp_path, monkeypatch, capsys):
+    calls = []
+    real = rec.environment
+    monkeypatch.setattr(rec, "environment", lambda command: calls.append(command) or real(command))
+    bench = cpu_bench()
+    shape = AttentionShape(query_heads=2, kv_heads=2, seqlen_q=16, seqlen_k=16, head_dim=16)
+
+    def record(ctx, p50):
+        return rec.make_record(kernel="call", provider=ctx.phase, phase="prefill", shape=shape,
+                               metric="latency", unit="ms", p20=p50, p50=p50, p80=p50,
+                               repeats=3, env=ctx.env)
+
+    bench.phase("one")(lambda ctx: ctx.upsert("r.jsonl", [record(ctx, 1.0)]))
+    bench.phase("two")(lambda ctx: ctx.upsert("r.jsonl", [
+        record(ctx, 2.0), rec.skipped_record(provider="late", phase="prefill", shape=shape,
+                                             reason=BUDGET_SPENT, env=ctx.env)]))
+    out = tmp_path / "o"
+    assert bench.main(["--out", str(out), "--budget", "600"]) == 0
+    stored = rec.load_records(out / "r.jsonl")
+    assert [r["provider"] for r in stored] == ["one", "two", "late"]
+    assert len(calls) == 1
+    assert calls[0] == f"PYTHONPATH=src python3 bench/fake.py --out {out} --budget 600"
+    assert {r["command"] for r in stored} == {calls[0]} and stored[0]["gpu"] == "cpu"
+    assert rec.csv_path(out / "r.jsonl").exists()  # the CSV twin
+    assert rec.describe_environment(stored[0]) in capsys.readouterr().err
+
+
+def test_a_crashed_phase_fails_the_run_and_the_next_phase_still_runs(tmp_path, capsys):
+    bench = cpu_bench()
+    ran = []
+
+    @bench.phase()
+    def broken(ctx):
+        """Raises."""
+        raise RuntimeError("kernel exploded")
+
+    @bench.phase()
+    def counted(ctx):
+        """Counts two failures of its own."""
+        ran.append("counted")
+        ctx.fail(2)
+
+    bench.finish(lambda ctx: ran.append(("finish", ctx.failures)))
+    assert bench.main(["--out", str(tmp_path / "o")]) == 1
+    assert ran == ["counted", ("finish", 3)]
+    err = capsys.readouterr().err
+    assert "RuntimeError: kernel exploded" in err and "broken: crashed" in err
+
+
+def test_a_bad_plan_option_is_refused_before_any_work(tmp_path, capsys):
+    bench = cpu_bench()
+    bench.option("--lengths", default="1024")
+    ran = []
+
+    @bench.setup
+    def setup(ctx):
+        ran.append("setup")
+
+    def plan(args):
+        return [int(n) for n in args.lengths.split(",")]
+
+    bench.phase("sweep", plan=plan)(lambda ctx: ran.append(ctx.plan))
+    assert bench.main(["--out", str(tmp_path / "o"), "--lengths", "1024,x"]) == 2
+    assert "invalid literal" in capsys.readouterr().err and ran == []
+    assert bench.main(["--out", str(tmp_path / "o"), "--lengths", "16,32"]) == 0
+    assert ran == ["setup", [16, 32]]
+
+
+def test_a_phase_registered_twice_is_refused():
+    bench = cpu_bench()
+    bench.phase("p")(lambda ctx: None)
+    with pytest.raises(ValueError, match="'p' is registered twice"):
+        bench.phase("p")(lambda ctx: None)
+
+
+# ----- (b) the bench scripts -------------------------------------------------------------------
+def load_script(name: str):
+    """A bench script as a module (bench/ on sys.path: forward_h200 imports backward_h200)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    key = f"bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # before it runs: its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_lists_its_phases_and_builds_every_plan_without_cuda(name, capsys):
+    bench = load_script(name).bench
+    assert bench.phases, f"{name} registers no phase"
+    assert bench.main(["--list"]) == 0
+    listing = capsys.readouterr().out
+    for phase in bench.phases.values():
+        assert phase.name in listing and phase.help, (name, phase.name)
+    plans = bench.plans(bench.parse([]))
+    for phase, plan in plans.items():
+        assert plan is None or plan, f"{name}: phase {phase}'s default plan is empty"
+
+
+# Options that change a plan: each variant must build too (the commands in bench/NOTES.md).
+PLAN_VARIANTS = [
+    ("forward_h200", ["--flex", "all", "--groups", "d128,gqa_d256"]),
+    ("backward_h200", ["--quick"]),
+    ("backward_h200", ["--providers", "flex", "--flex", "all", "--shapes", "Nq=1024,d=64"]),
+    ("backward_h200", ["--tune-seqlens", "4096,1024", "--tune-heads", "128,64"]),
+    ("decode_h200", ["--quick"]),
+    ("sm90_h200", ["--quick"]),
+    ("sm90_h200", ["--head-dims", "128,256,64", "--schedules", "split", "--rescales",
+                   "late,early", "--stores", "direct,vector"]),
+    ("sanitize_h200", ["--racecheck"]),
+    ("sanitize_h200", ["--only", "backward_sm90"]),
+    ("varlen_h200", ["--quick", "--no-flex", "--mixes", "b"]),
+]
+
+
+@pytest.mark.parametrize("name, argv", PLAN_VARIANTS)
+def test_plan_variants_build(name, argv):
+    bench = load_script(name).bench
+    plans = bench.plans(bench.parse(argv))
+    assert any(plans.values()), (name, argv)
+
+
+@pytest.mark.parametrize("name, argv, message", [
+    ("backward_h200", ["--providers", "sdpa_cudnn,fa9"], "unknown provider 'fa9'"),
+    ("backward_h200", ["--tune-heads", "96"], "--tune-heads: 96 is not one of"),
+    ("forward_h200", ["--groups", "d512"], "--groups: unknown group 'd512'"),
+    ("sm90_h200", ["--stores", "scatter"], "--stores must be comma-separated from"),
+    ("varlen_h200", ["--providers", "attnlab_varlen,xformers"], "unknown provider 'xformers'"),
+    ("varlen_h200", ["--mixes", "a,d"], "--mixes must be comma-separated from a, b, c"),
+    ("ring_h200", ["--phases", "prefill,train"], "unknown phase 'train'"),
+])
+def test_a_script_refuses_a_bad_option_in_one_line(name, argv, message, capsys, tmp_path):
+    bench = load_script(name).bench
+    assert bench.main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_table_writers_still_run_on_committed_records():
+    done = subprocess.run([sys.executable, str(BENCH / "forward_table.py"), "--fwdbwd"],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("| shape (bf16, fwd + bwd) |")
+
+
+def run_on_cpu(script: str, argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": str(ROOT / "src"), "TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+    return subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--device", "cpu",
+                           "--out", str(tmp_path / "out"), *argv],
+                          capture_output=True, text=True, timeout=600, check=False, env=env,
+                          cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_sanitize_runs_a_case_end_to_end_on_the_cpu(tmp_path):
+    done = run_on_cpu("sanitize_h200", ["--only", "forward seqlen_q=1 "], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "summary: 1 cases, 1 passed, 0 failed" in done.stdout
+    (row,) = [__import__("json").loads(line)
+              for line in (tmp_path / "out" / "sanitize_cases.jsonl").read_text().splitlines()]
+    assert row["status"] == "passed" and row["gpu"] == "cpu" and "--device cpu" in row["command"]
+
+
+@pytest.mark.slow
+def test_varlen_runs_correctness_and_timing_end_to_end_on_the_cpu(tmp_path):
+    done = run_on_cpu("varlen_h200", ["--tokens", "64", "--mixes", "c", "--providers",
+                                      "attnlab_varlen", "--phases", "correct,prefill"],
+                      tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (record,) = rec.load_records(tmp_path / "out" / "varlen_h200.jsonl")
+    assert record["provider"] == "attnlab_varlen" and record["metric"] == "latency"
+    checks = (tmp_path / "out" / "varlen_correctness.jsonl").read_text()
+    assert '"passed": true' in checks and '"passed": false' not in checks
+
+
+@pytest.mark.slow
+def test_ring_single_gpu_mode_runs_end_to_end_on_the_cpu(tmp_path):
+    done = run_on_cpu("ring_h200", ["--single-gpu", "--phases", "correct,prefill"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "correctness causal-gqa on 1 GPU(s): PASS" in done.stdout
+    kernels = {r["kernel"] for r in rec.load_records(tmp_path / "out" / "ring_h200.jsonl")}
+    assert {"ring-local-step", "ring-remote-later", "ring-remote-earlier",
+            "ring-merge"} <= kernels
+    assert "model prefill P= 2" in done.stdout
