@@ -353,7 +353,7 @@ def test_reference_impl_matches_the_kernel():
     torch.testing.assert_close(outs[0], outs[1], atol=2e-3, rtol=0)
 
 
-# ----- merge_states ---------------------------------------------------------------------------
+# ----- merge_state / merge_states ----------------------------------------------------------
 def test_merge_states_is_exact_and_drops_empty_partials():
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(3, 10, generator=gen, dtype=torch.float64)
@@ -365,30 +365,35 @@ def test_merge_states_is_exact_and_drops_empty_partials():
 
     whole = attend(slice(0, 10))
     parts = [attend(slice(0, 3)), attend(slice(3, 7)), attend(slice(7, 10))]
-    out, lse = attnlab.merge_states_many([p[0] for p in parts], [p[1] for p in parts])
+    # Stacked along dim 1, FlashInfer's layout: v (rows, states, dim), s (rows, states).
+    out, lse = attnlab.merge_states(torch.stack([p[0] for p in parts], dim=1),
+                                    torch.stack([p[1] for p in parts], dim=1))
     torch.testing.assert_close(out, whole[0]) and torch.testing.assert_close(lse, whole[1])
     empty_o, empty_lse = torch.full((3, 4), float("nan"), dtype=torch.float64), \
         torch.full((3,), float("-inf"), dtype=torch.float64)
-    out2, lse2 = attnlab.merge_states(whole[0], whole[1], empty_o, empty_lse)
+    out2, lse2 = attnlab.merge_state(whole[0], whole[1], empty_o, empty_lse)
     torch.testing.assert_close(out2, whole[0]) and torch.testing.assert_close(lse2, whole[1])
-    none_o, none_lse = attnlab.merge_states(empty_o.float(), empty_lse.float(), empty_o.float(),
-                                            empty_lse.float())
+    none_o, none_lse = attnlab.merge_state(empty_o.float(), empty_lse.float(), empty_o.float(),
+                                           empty_lse.float())
     assert torch.all(none_o == 0) and torch.isneginf(none_lse).all()
     # fp16 partials are merged in fp32 and returned in fp16, LSE in fp32.
-    half, half_lse = attnlab.merge_states(whole[0].half(), whole[1].half(), whole[0].half(), whole[1].half())
+    half, half_lse = attnlab.merge_state(whole[0].half(), whole[1].half(), whole[0].half(), whole[1].half())
     assert half.dtype == torch.float16 and half_lse.dtype == torch.float32
     torch.testing.assert_close(half_lse, whole[1].float() + math.log(2), atol=2e-3, rtol=0)
     # The public merge is the reference's formula.
     ref_out, ref_lse = reference_merge_states(*parts[0], *parts[1])
-    pub_out, pub_lse = attnlab.merge_states(*parts[0], *parts[1])
+    pub_out, pub_lse = attnlab.merge_state(*parts[0], *parts[1])
     assert torch.equal(ref_out, pub_out) and torch.equal(ref_lse, pub_lse)
 
 
 @pytest.mark.parametrize(("call", "error", "match"), [
-    (lambda o, l: attnlab.merge_states_many([], []), TypeError, "outs"),
-    (lambda o, l: attnlab.merge_states_many([o], [l, l]), ValueError, "one entry per partial"),
-    (lambda o, l: attnlab.merge_states(o, l, o, l[:1]), ValueError, "lses"),
-    (lambda o, l: attnlab.merge_states(o, l, o.int(), l), TypeError, "outs"),
+    (lambda o, l: attnlab.merge_states(o, l), ValueError, "num_states"),
+    (lambda o, l: attnlab.merge_states(o[:, None], l[:, None].expand(2, 2)), ValueError, "v.shape"),
+    (lambda o, l: attnlab.merge_state(o, l, o, l[:1]), ValueError, "states must match"),
+    (lambda o, l: attnlab.merge_state(o, l, o.int(), l), TypeError, "v_b"),
+    (lambda o, l: attnlab.merge_state(o, l, o, [0.0, 0.0]), TypeError, "s_b"),
+    (lambda o, l: attnlab.merge_state(o[None, None], l[None, None], o[None, None],
+                                      l[None, None]), ValueError, "s_a must be"),
 ])
 def test_merge_states_rejects_bad_inputs(call, error, match):
     o, lse = torch.zeros(2, 4), torch.zeros(2)
