@@ -386,6 +386,46 @@ def test_merge_states_is_exact_and_drops_empty_partials():
     assert torch.equal(ref_out, pub_out) and torch.equal(ref_lse, pub_lse)
 
 
+@pytest.mark.parametrize("impl", ["reference", pytest.param("triton", marks=runs_kernels)])
+def test_flash_attn_func_chains_into_merge_state_as_the_readme_shows(impl):
+    q, k, v = randn(2, 5, 4, 32, seed=1), randn(2, 70, 2, 32, seed=2), randn(2, 70, 2, 32, seed=3)
+    if impl == "reference":
+        q, k, v = q.cpu(), k.cpu(), v.cpu()
+    k_a, v_a, k_b, v_b = k[:, :45], v[:, :45], k[:, 45:], v[:, 45:]
+    # The README's lines, as written:
+    out_a, lse_a, _ = attnlab.flash_attn_func(q, k_a, v_a, return_attn_probs=True, impl=impl)
+    out_b, lse_b, _ = attnlab.flash_attn_func(q, k_b, v_b, return_attn_probs=True, impl=impl)
+    out, lse = attnlab.merge_state(out_a, lse_a, out_b, lse_b)  # = attention over k_a, k_b
+    assert out.dtype == q.dtype and lse.shape == lse_a.shape == (2, 4, 5)
+    check_dense(out.cpu(), lse.cpu(), q.cpu(), k.cpu(), v.cpu())
+    whole, whole_lse, _ = attnlab.flash_attn_func(q, k, v, return_attn_probs=True, impl=impl)
+    assert torch.allclose(lse, whole_lse, atol=1e-5)
+    # Chains: the merged LSE has the layout it came in.
+    again, _ = attnlab.merge_state(out, lse, out_a, torch.full_like(lse_a, float("-inf")))
+    assert torch.equal(again, out)
+
+
+def test_merge_states_takes_flashinfers_stacked_layout():
+    """v (seq_len, num_states, heads, dim), s (seq_len, num_states, heads), natural log."""
+    q, k, v = randn(1, 6, 4, 16, seed=4).cpu(), randn(1, 60, 4, 16, seed=5).cpu(), \
+        randn(1, 60, 4, 16, seed=6).cpu()
+    segments = [slice(0, 7), slice(7, 40), slice(40, 60)]
+    states = [attnlab.flash_attn_func(q, k[:, s], v[:, s], return_attn_probs=True)[:2]
+              for s in segments]
+    v_stacked = torch.stack([out[0] for out, _ in states], dim=1)        # (6, 3, 4, 16)
+    s_stacked = torch.stack([lse[0].T for _, lse in states], dim=1)      # (6, 3, 4)
+    out, lse = attnlab.merge_states(v_stacked, s_stacked)
+    whole, whole_lse, _ = attnlab.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.shape == (6, 4, 16) and lse.shape == (6, 4)
+    assert torch.allclose(lse, whole_lse[0].T, atol=1e-5)
+    assert (out.float() - whole[0].float()).abs().max() < 2e-3
+    # The two-state call on FlashInfer's 3-D layout agrees with the stacked one.
+    two, two_lse = attnlab.merge_state(v_stacked[:, 0], s_stacked[:, 0], v_stacked[:, 1],
+                                       s_stacked[:, 1])
+    stacked_two = attnlab.merge_states(v_stacked[:, :2], s_stacked[:, :2])
+    assert torch.equal(two, stacked_two[0]) and torch.equal(two_lse, stacked_two[1])
+
+
 @pytest.mark.parametrize(("call", "error", "match"), [
     (lambda o, l: attnlab.merge_states(o, l), ValueError, "num_states"),
     (lambda o, l: attnlab.merge_states(o[:, None], l[:, None].expand(2, 2)), ValueError, "v.shape"),
