@@ -18,7 +18,7 @@ _calls = threading.local()
 
 
 # bench/cpu_reference_speed.py measures it; docs/ecosystem.md keeps the table.
-REFERENCE_SPEED = "about 50-200x slower than torch SDPA on the same CPU at N = 1k"
+REFERENCE_SPEED = "about 30-200x slower than torch SDPA on the same CPU at N = 1k"
 # The one sentence every public call that takes ``impl`` carries (:func:`documents_impl`).
 CPU_REFERENCE_NOTE = (
     f"On CPU tensors ``impl=\"auto\"`` runs the float64 reference (:mod:`attnlab.reference`): "
@@ -47,7 +47,7 @@ def last_impl(detail: bool = False) -> str | None:
     'triton-decode' (the split-KV kernel: decode-shaped calls and flash_attn_with_kvcache)
     or 'reference' (the float64 CPU reference: what ``impl="auto"`` runs on CPU tensors);
     None before the thread's first call.  ``detail=True`` returns that name followed by
-    a sentence saying what it is (e.g. that the reference is ~50-200x slower than SDPA)."""
+    a sentence saying what it is (e.g. that the reference is ~30-200x slower than SDPA)."""
     impl = getattr(_calls, "impl", None)
     if not isinstance(detail, bool):
         raise TypeError(f"detail must be a bool, got {type(detail).__name__}")
