@@ -274,3 +274,61 @@ def test_last_impl_is_per_thread():
     assert seen["reference_caller"] == "reference"
     if triton_runs_here:
         assert seen["after its own call"] == "triton"
+
+
+# ----- attention() speaks SDPA: its positional order, names and top-left is_causal ---------------
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(9, 9), (7, 30), (30, 7)])
+def test_attention_takes_sdpa_arguments_in_sdpa_order(seqlen_q, seqlen_k):
+    import torch.nn.functional as F
+
+    q, k, v = (t.cpu().transpose(1, 2) for t in bshd(seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                                                      dtype=torch.float64, seed=11))
+    # SDPA's own call: attn_mask, dropout_p, is_causal positional; scale, enable_gqa by name.
+    ours = attention(q, k, v, None, 0.0, True, scale=0.3, enable_gqa=True, impl="reference")
+    theirs = F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=0.3, enable_gqa=True)
+    assert torch.allclose(ours, theirs, atol=1e-12, rtol=0)
+    bottom_right = attention(q, k, v, causal=True, scale=0.3, enable_gqa=True, impl="reference")
+    assert torch.equal(bottom_right, ours) == (seqlen_q == seqlen_k)  # the test can fail
+
+
+@needs_triton
+def test_attention_is_causal_runs_the_kernel_top_left():
+    q, k, v = (t.transpose(1, 2) for t in bshd(seqlen_q=20, seqlen_k=45, seed=12))
+    fast = attention(q, k, v, is_causal=True, enable_gqa=True, impl="triton")
+    assert last_impl() == "triton"
+    # Top-left causal sees keys j <= i: bottom-right causal over the first 20 keys.
+    assert check_accuracy(fast.cpu(), None, q.cpu(), k[:, :, :20].cpu(), v[:, :, :20].cpu(),
+                          causal=True).passed
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"attn_mask": torch.ones(5, 9, dtype=torch.bool)}, NotImplementedError, "attn_mask"),
+    ({"dropout_p": 0.1}, NotImplementedError, "dropout_p"),
+    ({"is_causal": "yes"}, TypeError, "is_causal"),
+    ({"is_causal": True, "causal": True}, ValueError, "not both"),
+    ({"is_causal": True, "window_size": (4, 0)}, NotImplementedError, "is_causal"),
+])
+def test_attention_refuses_what_sdpa_names_but_attnlab_cannot_do(kwargs, error, match):
+    q, k, v = (t.cpu().transpose(1, 2) for t in bshd(seqlen_q=5, seqlen_k=9))
+    with pytest.raises(error, match=match):
+        attention(q, k, v, enable_gqa=True, **kwargs)
+
+
+def test_last_impl_detail_says_the_reference_ran():
+    q, k, v = (t.cpu() for t in bshd(seqlen_q=5, seqlen_k=9))
+    flash_attn_func(q, k, v)
+    assert last_impl() == "reference"
+    detail = last_impl(detail=True)
+    assert detail.startswith("reference: ") and "float64" in detail and "slower" in detail
+    with pytest.raises(TypeError, match="detail"):
+        last_impl(detail="yes")
+    # Every public call that takes impl says what impl="auto" does on CPU tensors.
+    import inspect
+
+    import attnlab.flash_attn_interface as fa3
+
+    calls = [getattr(module, name) for module in (attnlab, fa3) for name in module.__all__]
+    with_impl = [call for call in calls if callable(call) and not isinstance(call, type)
+                 and "impl" in inspect.signature(call).parameters]
+    assert len(with_impl) == 11
+    assert all("runs the float64 reference" in call.__doc__ for call in with_impl)

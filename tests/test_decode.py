@@ -353,7 +353,7 @@ def test_reference_impl_matches_the_kernel():
     torch.testing.assert_close(outs[0], outs[1], atol=2e-3, rtol=0)
 
 
-# ----- merge_states ---------------------------------------------------------------------------
+# ----- merge_state / merge_states ----------------------------------------------------------
 def test_merge_states_is_exact_and_drops_empty_partials():
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(3, 10, generator=gen, dtype=torch.float64)
@@ -365,30 +365,75 @@ def test_merge_states_is_exact_and_drops_empty_partials():
 
     whole = attend(slice(0, 10))
     parts = [attend(slice(0, 3)), attend(slice(3, 7)), attend(slice(7, 10))]
-    out, lse = attnlab.merge_states_many([p[0] for p in parts], [p[1] for p in parts])
+    # Stacked along dim 1, FlashInfer's layout: v (rows, states, dim), s (rows, states).
+    out, lse = attnlab.merge_states(torch.stack([p[0] for p in parts], dim=1),
+                                    torch.stack([p[1] for p in parts], dim=1))
     torch.testing.assert_close(out, whole[0]) and torch.testing.assert_close(lse, whole[1])
     empty_o, empty_lse = torch.full((3, 4), float("nan"), dtype=torch.float64), \
         torch.full((3,), float("-inf"), dtype=torch.float64)
-    out2, lse2 = attnlab.merge_states(whole[0], whole[1], empty_o, empty_lse)
+    out2, lse2 = attnlab.merge_state(whole[0], whole[1], empty_o, empty_lse)
     torch.testing.assert_close(out2, whole[0]) and torch.testing.assert_close(lse2, whole[1])
-    none_o, none_lse = attnlab.merge_states(empty_o.float(), empty_lse.float(), empty_o.float(),
-                                            empty_lse.float())
+    none_o, none_lse = attnlab.merge_state(empty_o.float(), empty_lse.float(), empty_o.float(),
+                                           empty_lse.float())
     assert torch.all(none_o == 0) and torch.isneginf(none_lse).all()
     # fp16 partials are merged in fp32 and returned in fp16, LSE in fp32.
-    half, half_lse = attnlab.merge_states(whole[0].half(), whole[1].half(), whole[0].half(), whole[1].half())
+    half, half_lse = attnlab.merge_state(whole[0].half(), whole[1].half(), whole[0].half(), whole[1].half())
     assert half.dtype == torch.float16 and half_lse.dtype == torch.float32
     torch.testing.assert_close(half_lse, whole[1].float() + math.log(2), atol=2e-3, rtol=0)
     # The public merge is the reference's formula.
     ref_out, ref_lse = reference_merge_states(*parts[0], *parts[1])
-    pub_out, pub_lse = attnlab.merge_states(*parts[0], *parts[1])
+    pub_out, pub_lse = attnlab.merge_state(*parts[0], *parts[1])
     assert torch.equal(ref_out, pub_out) and torch.equal(ref_lse, pub_lse)
 
 
+@pytest.mark.parametrize("impl", ["reference", pytest.param("triton", marks=runs_kernels)])
+def test_flash_attn_func_chains_into_merge_state_as_the_readme_shows(impl):
+    q, k, v = randn(2, 5, 4, 32, seed=1), randn(2, 70, 2, 32, seed=2), randn(2, 70, 2, 32, seed=3)
+    if impl == "reference":
+        q, k, v = q.cpu(), k.cpu(), v.cpu()
+    k_a, v_a, k_b, v_b = k[:, :45], v[:, :45], k[:, 45:], v[:, 45:]
+    # The README's lines, as written:
+    out_a, lse_a, _ = attnlab.flash_attn_func(q, k_a, v_a, return_attn_probs=True, impl=impl)
+    out_b, lse_b, _ = attnlab.flash_attn_func(q, k_b, v_b, return_attn_probs=True, impl=impl)
+    out, lse = attnlab.merge_state(out_a, lse_a, out_b, lse_b)  # = attention over k_a, k_b
+    assert out.dtype == q.dtype and lse.shape == lse_a.shape == (2, 4, 5)
+    check_dense(out.cpu(), lse.cpu(), q.cpu(), k.cpu(), v.cpu())
+    whole, whole_lse, _ = attnlab.flash_attn_func(q, k, v, return_attn_probs=True, impl=impl)
+    assert torch.allclose(lse, whole_lse, atol=1e-5)
+    # Chains: the merged LSE has the layout it came in.
+    again, _ = attnlab.merge_state(out, lse, out_a, torch.full_like(lse_a, float("-inf")))
+    assert torch.equal(again, out)
+
+
+def test_merge_states_takes_flashinfers_stacked_layout():
+    """v (seq_len, num_states, heads, dim), s (seq_len, num_states, heads), natural log."""
+    q, k, v = randn(1, 6, 4, 16, seed=4).cpu(), randn(1, 60, 4, 16, seed=5).cpu(), \
+        randn(1, 60, 4, 16, seed=6).cpu()
+    segments = [slice(0, 7), slice(7, 40), slice(40, 60)]
+    states = [attnlab.flash_attn_func(q, k[:, s], v[:, s], return_attn_probs=True)[:2]
+              for s in segments]
+    v_stacked = torch.stack([out[0] for out, _ in states], dim=1)        # (6, 3, 4, 16)
+    s_stacked = torch.stack([lse[0].T for _, lse in states], dim=1)      # (6, 3, 4)
+    out, lse = attnlab.merge_states(v_stacked, s_stacked)
+    whole, whole_lse, _ = attnlab.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.shape == (6, 4, 16) and lse.shape == (6, 4)
+    assert torch.allclose(lse, whole_lse[0].T, atol=1e-5)
+    assert (out.float() - whole[0].float()).abs().max() < 2e-3
+    # The two-state call on FlashInfer's 3-D layout agrees with the stacked one.
+    two, two_lse = attnlab.merge_state(v_stacked[:, 0], s_stacked[:, 0], v_stacked[:, 1],
+                                       s_stacked[:, 1])
+    stacked_two = attnlab.merge_states(v_stacked[:, :2], s_stacked[:, :2])
+    assert torch.equal(two, stacked_two[0]) and torch.equal(two_lse, stacked_two[1])
+
+
 @pytest.mark.parametrize(("call", "error", "match"), [
-    (lambda o, l: attnlab.merge_states_many([], []), TypeError, "outs"),
-    (lambda o, l: attnlab.merge_states_many([o], [l, l]), ValueError, "one entry per partial"),
-    (lambda o, l: attnlab.merge_states(o, l, o, l[:1]), ValueError, "lses"),
-    (lambda o, l: attnlab.merge_states(o, l, o.int(), l), TypeError, "outs"),
+    (lambda o, l: attnlab.merge_states(o, l), ValueError, "num_states"),
+    (lambda o, l: attnlab.merge_states(o[:, None], l[:, None].expand(2, 2)), ValueError, "v.shape"),
+    (lambda o, l: attnlab.merge_state(o, l, o, l[:1]), ValueError, "states must match"),
+    (lambda o, l: attnlab.merge_state(o, l, o.int(), l), TypeError, "v_b"),
+    (lambda o, l: attnlab.merge_state(o, l, o, [0.0, 0.0]), TypeError, "s_b"),
+    (lambda o, l: attnlab.merge_state(o[None, None], l[None, None], o[None, None],
+                                      l[None, None]), ValueError, "s_a must be"),
 ])
 def test_merge_states_rejects_bad_inputs(call, error, match):
     o, lse = torch.zeros(2, 4), torch.zeros(2)

@@ -24,7 +24,10 @@ seqlen_q > seqlen_k, or with a window) outputs zeros and LSE = -inf.
 One module per family of calls: :mod:`.common` (the implementation choice,
 ``last_impl``, the checks every call shares), :mod:`.dense` (``attention``,
 ``flash_attn_func`` and its packed forms), :mod:`.varlen` (layout thd),
-:mod:`.kvcache` (``flash_attn_with_kvcache``, ``merge_states``).
+:mod:`.kvcache` (``flash_attn_with_kvcache``), :mod:`.merge` (FlashInfer's ``merge_state``,
+``merge_states``), :mod:`.fa3` (FlashAttention-3's interface, imported as
+``attnlab.flash_attn_interface``; not re-exported here: its names are FA3's and would
+shadow the FA2 calls above).
 """
 
 from attnlab.api.common import last_impl
@@ -34,7 +37,8 @@ from attnlab.api.dense import (
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
 )
-from attnlab.api.kvcache import flash_attn_with_kvcache, merge_states, merge_states_many
+from attnlab.api.kvcache import flash_attn_with_kvcache
+from attnlab.api.merge import merge_state, merge_states
 from attnlab.api.varlen import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
@@ -52,6 +56,6 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
     "last_impl",
+    "merge_state",
     "merge_states",
-    "merge_states_many",
 ]

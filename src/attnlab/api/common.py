@@ -4,6 +4,7 @@ refusal of flash-attn arguments attnlab has no kernel for."""
 
 from __future__ import annotations
 
+import textwrap
 import threading
 
 import torch
@@ -16,11 +17,41 @@ IMPLS = ("auto", "triton", "reference")
 _calls = threading.local()
 
 
-def last_impl() -> str | None:
+# bench/cpu_reference_speed.py measures it; docs/ecosystem.md keeps the table.
+REFERENCE_SPEED = "about 30-200x slower than torch SDPA on the same CPU at N = 1k"
+# The one sentence every public call that takes ``impl`` carries (:func:`documents_impl`).
+CPU_REFERENCE_NOTE = (
+    f"On CPU tensors ``impl=\"auto\"`` runs the float64 reference (:mod:`attnlab.reference`): "
+    f"exact, but {REFERENCE_SPEED} (docs/ecosystem.md); ``last_impl()`` then says 'reference'.")
+
+# What each last_impl() value ran, for last_impl(detail=True).
+IMPL_DETAILS = {
+    "triton": "triton: attnlab's Triton attention kernel (on CPU tensors: Triton's interpreter, "
+              "TRITON_INTERPRET=1)",
+    "triton-decode": "triton-decode: attnlab's split-KV decode kernel",
+    "reference": f"reference: the float64 CPU reference (attnlab.reference), which "
+                 f"impl='auto' picks for CPU tensors; exact, but {REFERENCE_SPEED}",
+}
+
+
+def documents_impl(call):
+    """Append :data:`CPU_REFERENCE_NOTE` to ``call``'s docstring (one sentence, one home)."""
+    note = textwrap.fill(CPU_REFERENCE_NOTE, width=88, initial_indent="    ",
+                         subsequent_indent="    ")
+    call.__doc__ = f"{call.__doc__.rstrip()}\n\n{note}\n"
+    return call
+
+
+def last_impl(detail: bool = False) -> str | None:
     """Which implementation this thread's most recent attnlab attention call ran: 'triton',
     'triton-decode' (the split-KV kernel: decode-shaped calls and flash_attn_with_kvcache)
-    or 'reference'; None before the thread's first call."""
-    return getattr(_calls, "impl", None)
+    or 'reference' (the float64 CPU reference: what ``impl="auto"`` runs on CPU tensors);
+    None before the thread's first call.  ``detail=True`` returns that name followed by
+    a sentence saying what it is (e.g. that the reference is ~30-200x slower than SDPA)."""
+    impl = getattr(_calls, "impl", None)
+    if not isinstance(detail, bool):
+        raise TypeError(f"detail must be a bool, got {type(detail).__name__}")
+    return IMPL_DETAILS[impl] if detail and impl is not None else impl
 
 
 def _record_impl(impl: str) -> None:

@@ -12,6 +12,7 @@ from attnlab.api.common import (
     _refuse_unsupported,
     _resolve_impl,
     _triton_ready,
+    documents_impl,
 )
 from attnlab.checks import check_bool, check_instance, check_scale
 from attnlab.inputs import AttentionInputs
@@ -56,6 +57,7 @@ def _run(q, k, v, *, layout: str, scale, causal: bool, window: tuple[int, int],
     return out, lse
 
 
+@documents_impl
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     deterministic=False, return_attn_probs=False, *, impl="auto"):
@@ -85,6 +87,7 @@ def _check_packed(name: str, packed, dim: int, parts: int) -> None:
         raise ValueError(f"{name} must be {layout}, got shape {tuple(packed.shape)}")
 
 
+@documents_impl
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                               deterministic=False, return_attn_probs=False, *, impl="auto"):
@@ -100,6 +103,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                            alibi_slopes, deterministic, return_attn_probs, impl=impl)
 
 
+@documents_impl
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                              deterministic=False, return_attn_probs=False, *, impl="auto"):
@@ -113,24 +117,60 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                            alibi_slopes, deterministic, return_attn_probs, impl=impl)
 
 
-def attention(q, k, v, *, causal=False, scale=None, enable_gqa=False, window_size=(-1, -1),
-              softcap=0.0, impl="auto", return_lse=False, deterministic=False):
+@documents_impl
+def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+              enable_gqa=False, causal=False, window_size=(-1, -1), softcap=0.0, impl="auto",
+              return_lse=False, deterministic=False):
     """Attention in SDPA's layout: tensors are (batch, heads, seqlen, head_dim).
 
-    Like SDPA, k/v with fewer heads than q need ``enable_gqa=True``.  Unlike SDPA's
-    ``is_causal``, ``causal`` is bottom-right aligned (see module doc).
+    ``attn_mask``, ``dropout_p``, ``is_causal`` (positional) and ``scale``, ``enable_gqa``
+    (keyword) are ``torch.nn.functional.scaled_dot_product_attention``'s, with its meaning: ``attn_mask`` must be None (attnlab has no
+    arbitrary masks: NotImplementedError), ``dropout_p`` must be 0.0, ``scale`` is the
+    softmax scale (None: 1/sqrt(head_dim)), and k/v with fewer heads than q need
+    ``enable_gqa=True``.  ``is_causal`` is SDPA's **top-left** causal mask (query i sees
+    keys j <= i); ``causal`` is attnlab's and flash-attn's **bottom-right** one (see the
+    module doc).  They agree when seqlen_q == seqlen_k; otherwise is_causal runs as
+    bottom-right causal over the first seqlen_q keys (seqlen_k > seqlen_q: later keys
+    are seen by no query and get zero gradient) or as the window (-1, seqlen_q -
+    seqlen_k) (seqlen_q > seqlen_k).  Pass one of the two, and is_causal with a window
+    only when seqlen_q == seqlen_k (a top-left window has no flash-attn spelling).
     Returns ``out``, or ``(out, lse)`` with ``return_lse=True``; both are
     differentiable.  The backward never uses atomics: bit-identical run to run with
     ``deterministic=True`` or without (flash-attn's argument, kept for drop-in use).
     """
+    if attn_mask is not None:
+        raise NotImplementedError("attn_mask must be None: attnlab has no arbitrary (boolean or "
+                                  "additive) masks; use is_causal/causal or window_size")
+    _refuse_unsupported(dropout_p=dropout_p)
     causal = check_bool("causal", causal)
+    is_causal = check_bool("is_causal", is_causal)
     enable_gqa = check_bool("enable_gqa", enable_gqa)
     return_lse = check_bool("return_lse", return_lse)
-    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 == k.dim() \
-            and q.shape[1] != k.shape[1] and not enable_gqa:
+    window, softcap = _check_options(window_size, softcap)
+    four_d = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
+    if four_d and q.shape[1] != k.shape[1] and not enable_gqa:
         raise ValueError(f"q has {q.shape[1]} heads and k/v {k.shape[1]}: pass enable_gqa=True "
                          "for grouped-query attention")
-    window, softcap = _check_options(window_size, softcap)
+    if is_causal and four_d:
+        if causal:
+            raise ValueError("pass causal (bottom-right aligned) or is_causal (SDPA's top-left), "
+                             "not both")
+        k, v, causal, window = _top_left_causal(q, k, v, window)
     out, lse = _run(q, k, v, layout="bhsd", scale=scale, causal=causal, window=window,
                     softcap=softcap, impl=impl, deterministic=deterministic)
     return (out, lse) if return_lse else out
+
+
+def _top_left_causal(q, k, v, window):
+    """SDPA's is_causal (query i sees keys j <= i) as a bottom-right mask: (k, v, causal, window)."""
+    seqlen_q, seqlen_k = q.shape[2], k.shape[2]
+    if seqlen_q == seqlen_k:
+        return k, v, True, window
+    if window != (-1, -1):
+        raise NotImplementedError(
+            f"is_causal (top-left) with window_size {window} needs seqlen_q == seqlen_k, got "
+            f"{seqlen_q} and {seqlen_k}: attnlab's windows are bottom-right aligned; pass "
+            "causal=True for flash-attn's bottom-right mask")
+    if seqlen_k > seqlen_q:  # no query reaches key seqlen_q or later
+        return k[:, :, :seqlen_q], v[:, :, :seqlen_q], True, window
+    return k, v, False, (-1, seqlen_q - seqlen_k)

@@ -1,5 +1,5 @@
 """KV cache and decode: ``flash_attn_with_kvcache`` (flash-attn's semantics: append in
-place, rotary, paged caches, split-KV) and ``merge_states`` (the exact combine)."""
+place, rotary, paged caches, split-KV)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from attnlab.api.common import (
     _record_impl,
     _refuse_unsupported,
     _resolve_impl,
+    documents_impl,
 )
 from attnlab.checks import check_bool, check_instance, check_int, check_scale
 
@@ -134,7 +135,8 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
 
 def _check_kvcache_contents(q, k_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                             block_table, *, capacity: int, seqlen_new: int,
-                            rotary_positions: int, rotary_len: int) -> int | None:
+                            rotary_positions: int, rotary_len: int,
+                            rotary_seqlens=None) -> int | None:
     """Bounds that depend on index tensors' values, checked with one host read.
 
     Returns the longest live key count (for the split count), or None when the check
@@ -144,7 +146,8 @@ def _check_kvcache_contents(q, k_cache, cache_seqlens, cache_batch_idx, cache_le
     if q.is_cuda and torch.cuda.is_current_stream_capturing():
         return None
     if not any(isinstance(t, torch.Tensor)
-               for t in (cache_seqlens, cache_batch_idx, cache_leftpad, block_table)):
+               for t in (cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                         rotary_seqlens)):
         # No index tensors: every bound is host arithmetic.  The device path below costs
         # ~15 tiny launches and a host sync, which dominated a 4k-cache decode step on the
         # H200 (370 us per call against ~20 us of kernel time, bench run 1).
@@ -177,11 +180,15 @@ def _check_kvcache_contents(q, k_cache, cache_seqlens, cache_batch_idx, cache_le
         used = torch.arange(block_table.shape[1], device=device)[None, :] < pages_used[:, None]
         bad = used & ((block_table < 0) | (block_table >= k_cache.shape[0]))
         flags.append(bad.any())
-    summary = torch.stack([torch.stack(flags).to(torch.int64).max(),
-                           (ends - firsts).max(), starts.max() + rotary_positions]).tolist()
+    # Rotary positions start at rotary_seqlens (FA3's) when given, else at cache_seqlens.
+    rotary_starts = starts if rotary_seqlens is None else rotary_seqlens.to(torch.int64)
+    summary = torch.stack([torch.stack(flags).to(torch.int64).max(), (ends - firsts).max(),
+                           rotary_starts.max() + rotary_positions, rotary_starts.min()]).tolist()
     if summary[0]:
         _raise_bad_indices(starts, ends, firsts, cache_batch_idx, block_table, k_cache, capacity,
                            seqlen_new)
+    if rotary_len and summary[3] < 0:
+        raise ValueError(f"rotary_seqlens must be >= 0, got a minimum of {summary[3]}")
     if rotary_len and summary[2] > rotary_len:
         raise ValueError(f"rotary_cos/rotary_sin have {rotary_len} positions but this call "
                          f"rotates up to position {summary[2] - 1}")
@@ -214,12 +221,13 @@ def _raise_bad_indices(starts, ends, firsts, cache_batch_idx, block_table, k_cac
                                  f"[0, num_pages = {k_cache.shape[0]})")
 
 
+@documents_impl
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
                             alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
-                            impl="auto", max_seqlen_k=None):
+                            impl="auto", max_seqlen_k=None, rotary_seqlens=None):
     """Drop-in for flash-attn's ``flash_attn_with_kvcache``: attend q to a KV cache,
     appending new keys and values first.
 
@@ -237,7 +245,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (seqlen_ro, rotary_dim / 2), rotary_dim a multiple of 16 <= d) rotates q and the
     new k at their cache positions: new key j at ``cache_seqlens + j``; query i at
     ``cache_seqlens + i`` when causal or windowed, else every query at
-    ``cache_seqlens`` (flash-attn's rule).  Causal is bottom-right over the live keys.
+    ``cache_seqlens`` (flash-attn's rule); ``rotary_seqlens`` ((batch,) int32, FA3's
+    argument) replaces cache_seqlens as the rotary start, and is read only with rotary
+    (as in FA3).  Causal is bottom-right over the live keys.
 
     Returns ``out`` (batch, seqlen_q, heads, d), or ``(out, lse)`` with
     ``return_softmax_lse`` (LSE (batch, heads, seqlen_q) fp32, natural log).
@@ -276,6 +286,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_seqlens = check_int("cache_seqlens", cache_seqlens, minimum=0)
     capacity = _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                       cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    if rotary_seqlens is not None:
+        _check_index_tensor("rotary_seqlens", rotary_seqlens, q.shape[0], q.device)
     impl = _resolve_impl(impl, q)
     batch, seqlen_q, _, head_dim = q.shape
     scale = check_scale(softmax_scale, head_dim, name="softmax_scale")
@@ -297,10 +309,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     live_max = _check_kvcache_contents(
         q, k_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
         capacity=capacity, seqlen_new=seqlen_new, rotary_positions=rotary_positions,
-        rotary_len=0 if rotary_cos is None else rotary_cos.shape[0])
+        rotary_len=0 if rotary_cos is None else rotary_cos.shape[0],
+        rotary_seqlens=None if rotary_cos is None else rotary_seqlens)
 
     if rotary_cos is not None:
-        start = as_lengths(cache_seqlens, batch, q.device)
+        start = as_lengths(cache_seqlens if rotary_seqlens is None else rotary_seqlens, batch,
+                           q.device)
         q = apply_rotary(q, rotary_cos, rotary_sin,
                          positions_from(start, seqlen_q, same_position=not local),
                          interleaved=rotary_interleaved)
@@ -329,42 +343,3 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _record_impl("reference")
     return (out, lse) if return_softmax_lse else out
 
-
-def merge_states_many(outs, lses):
-    """Exact merge of partial attentions over disjoint key sets: returns (out, lse).
-
-    ``outs``: a sequence of tensors (..., d); ``lses``: the matching (...) natural-log
-    LSEs (for flash_attn_func's (batch, heads, seqlen) LSE next to a (batch, seqlen,
-    heads, d) output, pass ``lse.transpose(1, 2)``).  Computed in fp32 (float64 when
-    any input is float64); out comes back in ``outs[0]``'s dtype, lse in the work dtype.
-    A partial with LSE = -inf contributes nothing; merging only empty partials gives
-    (0, -inf), never NaN.  The formula is the reference's, :func:`attnlab.reference.decode.merge_stacked`.
-    """
-    from attnlab.reference.decode import merge_stacked
-
-    for name, parts in (("outs", outs), ("lses", lses)):
-        if isinstance(parts, torch.Tensor) or not isinstance(parts, (list, tuple)) or not parts:
-            raise TypeError(f"{name} must be a non-empty list or tuple of tensors, got "
-                            f"{type(parts).__name__}")
-        for i, t in enumerate(parts):
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                raise TypeError(f"{name}[{i}] must be a floating-point torch.Tensor, got "
-                                f"{getattr(t, 'dtype', type(t).__name__)}")
-    if len(outs) != len(lses):
-        raise ValueError(f"outs and lses must have one entry per partial, got {len(outs)} and {len(lses)}")
-    for i, (o, lse) in enumerate(zip(outs, lses, strict=True)):
-        if o.dim() < 1 or o.shape[:-1] != lse.shape or o.shape != outs[0].shape:
-            raise ValueError(f"outs[{i}] must be {tuple(outs[0].shape)} and lses[{i}] its shape "
-                             f"without the last dim; got {tuple(o.shape)} and {tuple(lse.shape)}")
-        if o.device != outs[0].device or lse.device != outs[0].device:
-            raise ValueError(f"every partial must be on {outs[0].device}; outs[{i}]/lses[{i}] are on "
-                             f"{o.device}/{lse.device}")
-    work = torch.float64 if any(t.dtype == torch.float64 for t in (*outs, *lses)) else torch.float32
-    out, lse = merge_stacked(torch.stack([o.to(work) for o in outs]),
-                             torch.stack([lse.to(work) for lse in lses]))
-    return out.to(outs[0].dtype), lse
-
-
-def merge_states(out_a, lse_a, out_b, lse_b):
-    """Exact merge of two partial attentions: see :func:`merge_states_many`."""
-    return merge_states_many([out_a, out_b], [lse_a, lse_b])

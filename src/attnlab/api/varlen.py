@@ -12,6 +12,7 @@ from attnlab.api.common import (
     _refuse_unsupported,
     _resolve_impl,
     _triton_ready,
+    documents_impl,
 )
 from attnlab.checks import check_bool, check_instance, check_int, check_scale
 from attnlab.inputs import check_packed
@@ -19,36 +20,49 @@ from attnlab.inputs import check_packed
 
 def _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k) -> tuple[list[int], list[int]]:
     """Per-sequence lengths from validated cu_seqlens: one device-to-host copy of both."""
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+    return tuple(cumulative_lengths(q.device, ("cu_seqlens_q", cu_seqlens_q, "q", q.shape[0]),
+                                    ("cu_seqlens_k", cu_seqlens_k, "k", k.shape[0])))
+
+
+def cumulative_lengths(device, *named) -> list[list[int]]:
+    """Per-sequence lengths of each ``(name, cu_seqlens, tensor name, its total tokens)``.
+
+    Every cu_seqlens must be an int32 tensor on ``device``, 1-D with batch + 1 >= 2
+    entries (the same batch for all), start at 0, never decrease and end at the
+    tensor's total; their values are read with one device-to-host copy.
+    """
+    for name, cu, _, _ in named:
         if not isinstance(cu, torch.Tensor):
             raise TypeError(f"{name} must be a torch.int32 tensor, got {type(cu).__name__}")
         if cu.dtype != torch.int32:
             raise TypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
-        if cu.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+        if cu.device != device:
+            raise ValueError(f"{name} must be on q's device {device}, got {cu.device}")
         if cu.dim() != 1 or cu.shape[0] < 2:
             raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape "
                              f"{tuple(cu.shape)}")
-    if cu_seqlens_q.shape != cu_seqlens_k.shape:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same batch + 1 entries, "
-                         f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
-    entries = cu_seqlens_q.shape[0]
-    offsets = torch.cat((cu_seqlens_q, cu_seqlens_k)).tolist()
+    (first, first_cu, _, _), *others = named
+    for name, cu, _, _ in others:
+        if cu.shape != first_cu.shape:
+            raise ValueError(f"{first} and {name} must have the same batch + 1 entries, "
+                             f"got {first_cu.shape[0]} and {cu.shape[0]}")
+    entries = first_cu.shape[0]
+    offsets = torch.cat([cu for _, cu, _, _ in named]).tolist()
     lengths = []
-    for name, cu, total, tensor in (("cu_seqlens_q", offsets[:entries], q.shape[0], "q"),
-                                    ("cu_seqlens_k", offsets[entries:], k.shape[0], "k")):
+    for i, (name, _, tensor, total) in enumerate(named):
+        cu = offsets[i * entries:(i + 1) * entries]
         if cu[0] != 0:
             raise ValueError(f"{name}[0] must be 0, got {cu[0]}")
         steps = [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
         if min(steps) < 0:
-            i = steps.index(min(steps))
-            raise ValueError(f"{name} must be non-decreasing, got {name}[{i + 1}] = {cu[i + 1]} "
-                             f"< {name}[{i}] = {cu[i]}")
+            j = steps.index(min(steps))
+            raise ValueError(f"{name} must be non-decreasing, got {name}[{j + 1}] = {cu[j + 1]} "
+                             f"< {name}[{j}] = {cu[j]}")
         if cu[-1] != total:
             raise ValueError(f"{name}[-1] must equal {tensor}'s total tokens {total} "
                              f"({tensor}.shape[0]), got {cu[-1]}")
         lengths.append(steps)
-    return lengths[0], lengths[1]
+    return lengths
 
 
 def _check_max_seqlen(name: str, value, lengths: list[int]) -> int:
@@ -84,6 +98,7 @@ def _varlen_reference(q, k, v, lengths_q, lengths_k, *, scale, causal, window, s
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
 
 
+@documents_impl
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
@@ -147,6 +162,7 @@ def _check_varlen_packed(name: str, packed, parts: int) -> None:
         raise ValueError(f"{name} must be {layout}, got shape {tuple(packed.shape)}")
 
 
+@documents_impl
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
@@ -161,6 +177,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                   alibi_slopes, deterministic, return_attn_probs, impl=impl)
 
 
+@documents_impl
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None, causal=False,
                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,

@@ -4,7 +4,7 @@ Every rank of a process group holds one shard of the sequence (layout ``bshd``:
 batch, local seqlen, heads, head_dim) of Q, K and V.  The K/V shards travel round
 the ring: at step ``s`` rank ``r`` holds the K/V of rank ``(r - s) mod P``, attends
 its own queries to it with the single-device kernel, and folds the partial output
-into its running (O, LSE) with :func:`merge_states` in fp32 (float64 for float64
+into its running (O, LSE) with :func:`merge_state` in fp32 (float64 for float64
 inputs).  The transfer of the next step's K/V is posted (``isend``/``irecv``)
 **before** the current step's compute, so it overlaps the compute.
 
@@ -60,7 +60,7 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from attnlab.api.common import _refuse_unsupported, _resolve_impl
-from attnlab.api.kvcache import merge_states
+from attnlab.api.merge import merge_state
 from attnlab.checks import check_bool, check_instance
 from attnlab.inputs import AttentionInputs
 from attnlab.reference.inputs import accumulation_dtype, resolve_scale
@@ -227,10 +227,10 @@ def _block_backward(dout, q, k, v, out, lse, *, scale: float, causal: bool, impl
 
 def _merge_block(out, lse, rows: slice, part_out, part_lse) -> None:
     """Fold one block's (O in bhsd, LSE) into the running (O in bshd, LSE) of ``rows``, in place."""
-    # merge_states works in fp32 (float64 when a side is float64) and returns out's dtype.
-    merged_out, merged_lse = merge_states(out[:, rows].transpose(1, 2), lse[:, :, rows],
-                                          part_out, part_lse)
-    out[:, rows] = merged_out.transpose(1, 2)
+    # merge_state works in fp32 (float64 when a side is float64) and returns out's dtype.
+    merged_out, merged_lse = merge_state(out[:, rows], lse[:, :, rows],
+                                         part_out.transpose(1, 2), part_lse)
+    out[:, rows] = merged_out
     lse[:, :, rows] = merged_lse
 
 

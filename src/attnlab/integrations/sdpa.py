@@ -32,7 +32,8 @@ What runs where:
   seqlen_q - seqlen_k and no causal flag (j <= i + (seqlen_k - seqlen_q) + right = i).
   With seqlen_q < seqlen_k, keys j >= seqlen_q are visible to no query, so the call is
   square causal attention over the first seqlen_q keys (their gradients are zero).
-  Every top-left case is expressed exactly; nothing falls back.  (SDPA's CUDA
+  Every top-left case is expressed exactly (by ``attnlab.attention(is_causal=...)``);
+  nothing falls back.  (SDPA's CUDA
   selection itself gives its flash backend no causal call with seqlen_q != seqlen_k;
   those run on SDPA's other backends unless the flash op is called directly.)
 * **Refused** (NotImplementedError, never another backend): ``dropout_p > 0``,
@@ -94,24 +95,12 @@ def _refuse(dropout_p: float, what: str) -> None:
                                   f"dropout_p={dropout_p}); {what}")
 
 
-def top_left_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
-    """(k, v, attnlab options) that make attnlab's bottom-right masks compute SDPA's
-    top-left ``is_causal`` exactly (see the module doc); bhsd tensors."""
-    seqlen_q, seqlen_k = q.shape[2], k.shape[2]
-    if not is_causal:
-        return k, v, {"causal": False}
-    if seqlen_q <= seqlen_k:
-        # Keys from seqlen_q on are visible to no query under top-left causal.
-        return k[:, :, :seqlen_q], v[:, :, :seqlen_q], {"causal": True}
-    return k, v, {"causal": False, "window_size": (-1, seqlen_q - seqlen_k)}
-
-
 def _attention(q, k, v, is_causal: bool, scale):
     from attnlab import attention
 
-    k, v, options = top_left_causal(q, k, v, is_causal)
-    return attention(q, k, v, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
-                     impl="triton", return_lse=True, **options)
+    # attention() takes SDPA's top-left is_causal itself (see the module doc).
+    return attention(q, k, v, is_causal=is_causal, scale=scale,
+                     enable_gqa=q.shape[1] != k.shape[1], impl="triton", return_lse=True)
 
 
 def _cuda_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False,
