@@ -21,7 +21,7 @@ PACKAGE = SRC / "attnlab"
 # The package root ``attnlab`` (attnlab/__init__.py) re-exports the API, so it sits
 # with the API: `import attnlab` from below the API is an upward import.
 ROOMS: tuple[tuple[str, ...], ...] = (
-    ("attnlab.checks", "attnlab.shapes", "attnlab.masking"),  # ground floor, pure Python
+    ("attnlab.checks", "attnlab.dtypes", "attnlab.shapes", "attnlab.masking"),  # pure Python
     ("attnlab.model",),                                       # exact models, pure Python
     ("attnlab.reference",),                                   # the CPU oracle (torch)
     ("attnlab.kernels",),                                     # Triton kernels, launchers
@@ -34,7 +34,8 @@ ROOMS: tuple[tuple[str, ...], ...] = (
 )
 # Modules of the ground floor that must not import torch or numpy (the models and
 # the ground floor run without a tensor library).
-PURE_ROOMS = ("attnlab.checks", "attnlab.shapes", "attnlab.masking", "attnlab.model")
+PURE_ROOMS = ("attnlab.checks", "attnlab.dtypes", "attnlab.shapes", "attnlab.masking",
+              "attnlab.model")
 TENSOR_LIBRARIES = ("torch", "numpy", "triton")
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from attnlab.checks import QUOTE_LIMIT, check_float, check_window, quote
+from attnlab.dtypes import canonical_dtype
 
 # Lengths the exact models answer for: closed forms, exact integers, up to 2^40 tokens.
 MAX_TOKENS = 2**40
@@ -106,6 +107,12 @@ def parse_int_list(text: str, name: str, minimum: int = 1,
                          f"got {quote(text)}") from None
 
 
+def parse_dtype(text: str, name: str = "--dtype") -> str:
+    """A dtype option in any spelling of :mod:`attnlab.dtypes` (``bf16`` or ``bfloat16``),
+    as attnlab's short name."""
+    return canonical_dtype(text, name)
+
+
 def parse_window(text: str | None, name: str = "--window") -> tuple[int, int]:
     """``LEFT,RIGHT`` as flash-attn's window_size (-1 = unbounded); None means (-1, -1)."""
     if text is None:
@@ -186,5 +193,5 @@ def ranges(numbers) -> str:
 
 
 __all__ = ["CONSOLE_WIDTH", "MAX_TOKENS", "QUOTE_LIMIT", "dumps", "json_safe", "new_console",
-           "parse_float", "parse_float_list", "parse_int", "parse_int_list", "parse_length",
+           "parse_dtype", "parse_float", "parse_float_list", "parse_int", "parse_int_list", "parse_length",
            "parse_window", "prepare_out_dir", "ranges"]

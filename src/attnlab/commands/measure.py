@@ -22,7 +22,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from attnlab.cli_support import new_console, parse_int_list, parse_window, prepare_out_dir
+from attnlab.cli_support import (
+    new_console,
+    parse_dtype,
+    parse_int_list,
+    parse_window,
+    prepare_out_dir,
+)
 
 DEFAULT_RESULTS = Path("bench") / "results"
 DEFAULT_BENCH_FILE = DEFAULT_RESULTS / "bench.jsonl"
@@ -56,7 +62,8 @@ def _add_shape_arguments(parser: argparse.ArgumentParser, *, causal_default: boo
     group.add_argument("--kv-heads", type=int, default=None,
                        help="KV heads (default: the preset's; fewer than query heads = GQA)")
     group.add_argument("--head-dim", type=int, default=None, help="head dimension")
-    group.add_argument("--dtype", default=None, help="fp16, bf16, fp32 or fp64")
+    group.add_argument("--dtype", default=None,
+                       help="fp16, bf16, fp32 or fp64, or their torch names (bfloat16, ...)")
     group.add_argument("--causal", action=argparse.BooleanOptionalAction, default=causal_default,
                        help=f"bottom-right causal mask (default: {causal_default})")
     group.add_argument("--window", default=None, help="sliding window LEFT,RIGHT (-1 = unbounded)")
@@ -73,7 +80,8 @@ def _base_shape(args: argparse.Namespace, *, heads: int | None, seqlen: int = 40
         kv_heads = model.kv_heads if heads is None else heads
     return model.shape(seqlen, batch=args.batch, causal=args.causal).replace(
         query_heads=query_heads, kv_heads=kv_heads,
-        head_dim=args.head_dim or model.head_dim, dtype=args.dtype or model.dtype,
+        head_dim=args.head_dim or model.head_dim,
+        dtype=model.dtype if args.dtype is None else parse_dtype(args.dtype, "--dtype"),
         window=parse_window(args.window))
 
 

@@ -42,12 +42,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attnlab.checks import quote
+from attnlab.dtypes import TORCH_NAMES, canonical_dtype
 from attnlab.masking import shape_band
 from attnlab.measure.records import PHASES
 from attnlab.shapes import AttentionShape
 
 LAYOUTS = ("bhsd", "bshd", "nhd")
-_TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
 # Memory we leave free when deciding whether a materialising provider fits: the
 # allocator, the L2 flush buffer and the reference check need room too.
 MEMORY_HEADROOM = 0.80
@@ -79,9 +79,7 @@ class Provider:
 def torch_dtype(name: str):
     import torch
 
-    if name not in _TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPES)}, got {name!r}")
-    return getattr(torch, _TORCH_DTYPES[name])
+    return getattr(torch, TORCH_NAMES[canonical_dtype(name)])
 
 
 def hidden_mask(shape: AttentionShape, device):

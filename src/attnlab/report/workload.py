@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.checks import as_scalar, check_bool, check_float, check_int, quote
-from attnlab.shapes import DTYPE_BYTES, PRESETS, ModelPreset
+from attnlab.dtypes import canonical_dtype
+from attnlab.shapes import PRESETS, ModelPreset
 
 # Segments may disagree with a measured client total by this much before we warn
 # (the 1%): clock skew and rounding make exact agreement rare.
@@ -435,10 +436,7 @@ def _parse_model(data: Any) -> ModelWorkload:
         if data.get(name) is not None:
             values[name] = _positive_int(data[name], f"workload.{name}")
     if data.get("dtype") is not None:
-        dtype = data["dtype"]
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"workload.dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
-        values["dtype"] = dtype
+        values["dtype"] = canonical_dtype(data["dtype"], "workload.dtype")
     model = ModelWorkload(**values)
     if model.query_heads and model.kv_heads and model.query_heads % model.kv_heads:
         raise ValueError(f"workload.kv_heads ({model.kv_heads}) must divide workload.query_heads "
