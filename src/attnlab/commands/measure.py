@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 
 from attnlab.cli_support import (
+    check_out_dir,
     new_console,
     parse_dtype,
     parse_int_list,
     parse_window,
-    prepare_out_dir,
 )
 
 DEFAULT_RESULTS = Path("bench") / "results"
@@ -151,7 +151,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.replot:  # plots only read records: no GPU needed
         from attnlab.measure.plots import plot_records, with_sibling_ceilings
 
-        args.plots = prepare_out_dir(args.plots, "--plots")
+        # Checked, not created: a replot that fails (no records) leaves nothing behind.
+        args.plots = check_out_dir(args.plots, "--plots")
         written = plot_records(with_sibling_ceilings(rec.load_records(args.out), args.out),
                                args.plots)
         if args.json:
@@ -171,7 +172,7 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"attnlab bench: {NEEDS_CUDA}", file=sys.stderr)
         return 2
     if not args.no_plots:
-        args.plots = prepare_out_dir(args.plots, "--plots")
+        args.plots = check_out_dir(args.plots, "--plots")
     env = rec.environment(_command_line("bench"))
     timing = {"flush": args.flush, "cuda_graph": args.cuda_graph, "target_ms": args.target_ms,
               "repeats": args.repeats}
@@ -346,7 +347,8 @@ def run_ncu_verb(args: argparse.Namespace) -> int:
     from attnlab.measure import records as rec
     from attnlab.measure.compare import comparison_markdown, ncu_records, predicted_kernel_count
 
-    args.out = prepare_out_dir(args.out, "--out")
+    args.out = check_out_dir(args.out, "--out")
+    args.out.mkdir(parents=True, exist_ok=True)
     run = ncu_module.run_ncu(cases, args.out, ncu=ncu, timeout_s=args.timeout,
                              kernel_counts=predicted_kernel_count)
     comparisons = compare_cases(run.kernels)
@@ -354,7 +356,7 @@ def run_ncu_verb(args: argparse.Namespace) -> int:
     rec.upsert_records(args.records, ncu_records(run.kernels, env))
     out = Path(args.out)
     (out / "ncu_summary.json").write_text(json.dumps(
-        {"command": env["command"], "ncu_command": run.command, "metrics": run.metrics,
+        {"command": rec.portable_command(env["command"], out), "ncu_command": run.command, "metrics": run.metrics,
          "notes": run.notes, "failed_cases": run.failed_cases,
          "kernels": [k.summary() for k in run.kernels],
          "comparisons": [c.as_dict() for c in comparisons]}, indent=1, default=str))
@@ -454,17 +456,19 @@ def _committed_results() -> Path:
     return committed_results()
 
 
-def _summarise_committed(console) -> None:
-    from attnlab.measure.records import load_records
+def _summarise_committed(console, records_dir: Path | None = None) -> None:
+    from attnlab.measure.records import load_records, source_label
 
-    folder = _committed_results()
+    folder = _committed_results() if records_dir is None else Path(records_dir)
+    kind = "committed" if records_dir is None else "given"
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     if not files:
-        console.print(f"  no committed records found under {folder}")
+        console.print(f"  no {kind} records found under {source_label(folder)}")
         return
     records = load_records(folder)
     latency = [r for r in records if r["metric"] == "latency" and r["kernel"] == "call"]
-    console.print(f"  {len(records)} committed records in {len(files)} file(s) under {folder} "
+    console.print(f"  {len(records)} {kind} records in {len(files)} file(s) under "
+                  f"{source_label(folder)} "
                   f"({len(latency)} latency rows; GPUs: "
                   f"{', '.join(sorted({r['gpu'] for r in records}))})")
     if latency:
@@ -472,10 +476,12 @@ def _summarise_committed(console) -> None:
             return r["phase"], _short_shape(r["shape"]), r["provider"], r["shape"]["seqlen_k"]
 
         console.print(records_table(sorted(latency, key=order)[:40],
-                                    "committed latency records (first 40)"))
+                                    f"{kind} latency records (first 40)"))
 
 
-def demo(out_dir: Path) -> None:
+def demo(out_dir: Path, records_dir: Path | None = None) -> list[dict] | None:
+    """On a CUDA machine a small bench into out_dir/measure.jsonl, returning its records;
+    without one, a summary of ``records_dir`` (the committed results by default)."""
     from attnlab.measure import records as rec
     from attnlab.measure.providers import parse_providers
     from attnlab.measure.sweep import run_sweep
@@ -485,8 +491,8 @@ def demo(out_dir: Path) -> None:
     console.print("\n[bold]measure[/bold] — which kernels ran and how fast (attnlab bench)")
     if not _cuda_available():
         console.print(f"  {NEEDS_CUDA}")
-        _summarise_committed(console)
-        return
+        _summarise_committed(console, records_dir)
+        return None
     path = Path(out_dir) / "measure.jsonl"
     env = rec.environment("attnlab demo")
     providers = parse_providers("eager,sdpa,sdpa_flash,sdpa_cudnn,attnlab")
@@ -500,4 +506,5 @@ def demo(out_dir: Path) -> None:
     console.print(records_table([r.record for r in results],
                                 f"lesson-8b layer, causal; decode with 8 KV heads — "
                                 f"{rec.describe_environment(env)}"))
-    console.print(f"  records: {path}")
+    console.print(f"  records: {path.name} in the demo's folder")
+    return [r.record for r in results]

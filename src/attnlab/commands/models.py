@@ -455,7 +455,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # ----- demo ------------------------------------------------------------------------------
-def demo(out_dir: Path) -> None:
+def demo(out_dir: Path, records_dir: Path | None = None) -> None:  # no records needed
     """Traffic, memory and Amdahl for the default workload, as JSON files plus a summary."""
     from attnlab.model import amdahl
     from attnlab.shapes import LESSON_SHAPE, PRESETS
