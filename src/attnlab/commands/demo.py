@@ -41,6 +41,7 @@ DESCRIPTIONS = {
     "models-amdahl.json": "Amdahl sensitivity and the FLOP-share trap",
     "forward_tflops.png": "prefill TFLOP/s of up to four workloads against the matrix roof",
 }
+PHASE_NAMES = {"prefill": "prefill forward", "decode": "decode", "fwdbwd": "forward + backward"}
 SUFFIX_DESCRIPTIONS = {
     "_latency.png": "latency vs length per provider (p20-p80 bands)",
     "_throughput.png": "throughput against the measured ceiling",
@@ -129,7 +130,8 @@ def write_artefacts(out_dir: Path, fresh: list[dict] | None = None,
     plot_dir = out_dir / PLOTS_FOLDER
     written = plots.plot_records(records, plot_dir) if any(plots.is_latency(r)
                                                            for r in records) else []
-    captions = {f"{plots.family_slug(f)}_{kind}.png": f"{plots.family_title(f)}: {what}"
+    captions = {f"{plots.family_slug(f)}_{kind}.png":
+                f"{PHASE_NAMES.get(f['phase'], f['phase'])}, {plots.family_title(f)}: {what}"
                 for f in plots.workload_families(records)
                 for kind, what in (("latency", SUFFIX_DESCRIPTIONS["_latency.png"]),
                                    ("throughput", SUFFIX_DESCRIPTIONS["_throughput.png"]))}

@@ -112,25 +112,40 @@ def _kernel_summary(names: list[str]) -> str:
 
 def _short_shape(shape: dict) -> str:
     mask = "causal" if shape.get("causal") else "full"
+    window = list(shape.get("window", [-1, -1]))
+    if window != [-1, -1]:
+        mask += f" w{window[0]},{window[1]}"
     return (f"B{shape['batch']} H{shape['query_heads']}/{shape['kv_heads']} d{shape['head_dim']} "
             f"{shape['dtype']} {mask}")
 
 
+# Record fields a table shows only when its rows differ in them (else they would make two
+# rows look the same: two GPUs, two metrics, per-kernel rows of one call).
+_DISTINGUISHING = (("gpu", "GPU"), ("metric", "metric"), ("kernel", "kernel"))
+
+
 def records_table(records: list[dict], title: str):
+    """One row per record, with every column that tells two rows apart: the shape and
+    both lengths always (decode rows differ in seqlen_q: speculative queries), the GPU,
+    metric and kernel when they vary."""
     from rich.table import Table
 
+    extra = [(key, header) for key, header in _DISTINGUISHING
+             if len({r[key] for r in records}) > 1]
     table = Table(title=title, title_justify="left")
-    for column in ("phase", "shape", "provider", "N", "median ms (p20-p80)", "TFLOP/s", "TB/s",
+    for column in ("phase", "shape", "provider", "Nq", "Nk", *(h for _, h in extra),
+                   "median ms (p20-p80)", "TFLOP/s", "TB/s",
                    "kernels that ran (or why not measured)"):
-        table.add_column(column, justify="right" if column in ("N", "TFLOP/s", "TB/s") else "left")
+        table.add_column(column, justify="right" if column in ("Nq", "Nk", "TFLOP/s", "TB/s")
+                         else "left")
     for r in records:
-        n = r["shape"].get("seqlen_k" if r["phase"] == "decode" else "seqlen_q", "")
-        shape = _short_shape(r["shape"])
+        head = [r["phase"], _short_shape(r["shape"]), r["provider"],
+                str(r["shape"].get("seqlen_q", "")), str(r["shape"].get("seqlen_k", "")),
+                *(str(r[key]) for key, _ in extra)]
         if r["metric"] == "skipped":
-            table.add_row(r["phase"], shape, r["provider"], str(n), "-", "-", "-", r["reason"])
+            table.add_row(*head, "-", "-", "-", r["reason"])
         else:
-            table.add_row(r["phase"], shape, r["provider"], str(n),
-                          f"{r['p50']:.4f} ({r['p20']:.4f}-{r['p80']:.4f})",
+            table.add_row(*head, f"{r['p50']:.4f} ({r['p20']:.4f}-{r['p80']:.4f})",
                           f"{r['tflops']:.1f}" if r["tflops"] is not None else "-",
                           f"{r['tbps']:.2f}" if r["tbps"] is not None else "-",
                           _kernel_summary(r["kernel_names"]))
@@ -473,7 +488,8 @@ def _summarise_committed(console, records_dir: Path | None = None) -> None:
                   f"{', '.join(sorted({r['gpu'] for r in records}))})")
     if latency:
         def order(r):
-            return r["phase"], _short_shape(r["shape"]), r["provider"], r["shape"]["seqlen_k"]
+            return (r["phase"], _short_shape(r["shape"]), r["provider"], r["shape"]["seqlen_k"],
+                    r["shape"]["seqlen_q"])
 
         console.print(records_table(sorted(latency, key=order)[:40],
                                     f"{kind} latency records (first 40)"))
