@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run every section (reference trace, tile plan, models, report, page, "
                     "and on a CUDA machine the measurements), then write plots, a CSV of the "
                     "records and an index page to --out.")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    parser.add_argument("--out", default=str(DEFAULT_OUT),  # a str: Path("") would be "."
                         help=f"output folder (default: ./{DEFAULT_OUT})")
     add_force_argument(parser)
     add_records_argument(parser)

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write a self-contained page (index.html) explaining where FlashAttention's "
                     "speed comes from, with every number from attnlab's models and the "
                     "measured records.")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    parser.add_argument("--out", default=str(DEFAULT_OUT),  # a str: Path("") would be "."
                         help=f"output folder (default: ./{DEFAULT_OUT})")
     add_force_argument(parser)
     add_records_argument(parser)
@@ -37,18 +37,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def add_records_argument(parser: argparse.ArgumentParser) -> None:
     """``--records DIR``: the measurements to show (explain and demo read it the same way)."""
-    parser.add_argument("--records", type=Path, default=None, metavar="DIR",
+    parser.add_argument("--records", default=None, metavar="DIR",  # a str: Path("") is "."
                         help="results folder of measured records, *.jsonl, with its ncu/ "
                              "CSVs and kernels.json (default: the committed H200 results "
                              "shipped with attnlab)")
 
 
-def results_folder(records: Path | None) -> Path:
+def results_folder(records: str | Path | None) -> Path:
     """``--records`` (must be an existing folder) or the committed H200 results."""
     from attnlab.measure.records import committed_results
 
     if records is None:
         return committed_results()
+    if not str(records).strip():
+        raise ValueError("--records must name a results folder, got an empty path")
+    records = Path(records)
     if not records.is_dir():
         what = "is not a folder" if records.exists() else "does not exist"
         raise ValueError(f"--records {str(records)!r} {what}: pass a results folder of "

@@ -40,6 +40,7 @@ from typing import Any
 from attnlab.checks import as_scalar, check_bool, check_float, check_int, quote, read_regular_file
 from attnlab.dtypes import canonical_dtype
 from attnlab.measure.profile import check_pattern
+from attnlab.measure.records import portable_path
 from attnlab.shapes import PRESETS, ModelPreset
 
 # Segments may disagree with a measured client total by this much before we warn
@@ -260,8 +261,8 @@ def load_workload(path: str | Path) -> Workload:
         _check_complete_yaml(text, path.name)
         data = _load_yaml(text, path.name)
     _check_depth(data, path.name)
-    try:
-        return parse_workload(data, origin=str(path))
+    try:  # the report page names the file as given, never by this machine's path
+        return parse_workload(data, origin=portable_path(path, Path.cwd()))
     except ValueError as error:
         raise ValueError(f"{path.name}: {error}") from error
 
