@@ -245,3 +245,40 @@ def test_every_documented_flag_is_known_to_its_verb():
 def test_the_records_flag_the_readme_names_for_the_page_and_the_demo_exists():
     for verb in ("explain", "demo", "report"):
         assert "--records" in subparser(verb)._option_string_actions, verb
+
+
+# ----- tables and the demo's records ---------------------------------------------------------
+def test_the_records_table_tells_every_row_apart(capsys):
+    """The demo's table of committed latency rows: decode rows that differ only in
+    seqlen_q (speculative queries) used to print identically."""
+    from rich.console import Console
+
+    from attnlab.commands.measure import records_table
+
+    latency = [r for r in rec.load_records(rec.committed_results())
+               if r["metric"] == "latency" and r["kernel"] == "call"]
+    table = records_table(latency, "committed")
+    Console(width=400, record=True).print(table)
+    columns = [[str(cell) for cell in column._cells] for column in table.columns]
+    rows = list(zip(*columns, strict=True))
+    shown = [row[:5 + sum(c.header in ("GPU", "metric", "kernel") for c in table.columns)]
+             for row in rows]
+    assert len(set(shown)) == len(shown)  # phase, shape, provider, Nq, Nk (+ GPU ...)
+    assert {c.header for c in table.columns} >= {"Nq", "Nk"}
+
+
+def test_the_demo_plots_the_records_folder_it_is_given(tmp_path):
+    from attnlab.commands.demo import demo_records
+
+    folder = tmp_path / "results"
+    env = {**rec.environment("attnlab bench"), "gpu": "MY GPU"}
+    mine = [rec.make_record(kernel="call", provider="attnlab", phase="prefill",
+                            shape=AttentionShape(seqlen_q=n, seqlen_k=n), metric="latency",
+                            unit="ms", p20=1.0, p50=1.0, p80=1.0, repeats=3, env=env)
+            for n in (1024, 2048)]
+    rec.upsert_records(folder / "bench.jsonl", mine)
+    records, source = demo_records([], folder)
+    assert {r["gpu"] for r in records} == {"MY GPU"} and source == str(folder.name)
+    fresh = [{**mine[0], "gpu": "FRESH GPU"}]
+    records, source = demo_records(fresh, folder)  # this run's, never the folder's
+    assert records == fresh and "this run's measurements" in source
