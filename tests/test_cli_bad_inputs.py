@@ -167,6 +167,7 @@ REFUSED = [
     (["demo", "--records", "{a_file}"], "is not a folder"),
     (["explain", "--records", ""], "--records must name a results folder, got an empty path"),
     (["bench", "--replot", "--out", "{missing}", "--plots", "{out}"], "no records at"),
+    (["bench", "--replot", "--out", ""], "--out must name a records file (.jsonl), got an empty"),
     (["traffic", "--dtype", "int8"], "--dtype must be one of fp16 (float16, half), bf16"),
     (["bench", "--dtype", "float8"], "--dtype must be one of"),
 ]

@@ -163,6 +163,9 @@ def run_bench(args: argparse.Namespace) -> int:
     from attnlab.measure.sweep import run_sweep
     from attnlab.measure.timing import FLUSH_MODES
 
+    if not str(args.out).strip():  # a str option: Path("") would be the current folder
+        raise ValueError("--out must name a records file (.jsonl), got an empty path")
+    args.out = Path(args.out)
     if args.replot:  # plots only read records: no GPU needed
         from attnlab.measure.plots import plot_records, with_sibling_ceilings
 
@@ -412,7 +415,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--flop-count", choices=("exact", "conventional"), default="exact",
                        help="TFLOP/s from the mask's exact pairs (default) or the "
                             "benchmarks' 4BHN^2d halved when causal (the README's tables)")
-    bench.add_argument("--out", type=Path, default=DEFAULT_BENCH_FILE,
+    bench.add_argument("--out", default=str(DEFAULT_BENCH_FILE),
                        help=f"records file, upserted (default {DEFAULT_BENCH_FILE})")
     bench.add_argument("--plots", default=str(DEFAULT_PLOTS),
                        help=f"folder for PNG/SVG plots (default {DEFAULT_PLOTS})")
