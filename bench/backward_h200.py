@@ -48,9 +48,9 @@ import sys
 import time
 
 import torch
-from attnlab.cli_support import parse_int_list
 
 from attnlab.accuracy import check_gradients
+from attnlab.commands.cli_support import parse_int_list
 from attnlab.kernels import configs as config_table
 from attnlab.kernels.backward import flash_backward
 from attnlab.kernels.configs import BackwardConfig, backward_config, head_dim_padded, length_bucket

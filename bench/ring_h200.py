@@ -48,9 +48,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from attnlab.cli_support import parse_int_list
 
 from attnlab.accuracy import check_accuracy, check_gradients
+from attnlab.commands.cli_support import parse_int_list
 from attnlab.distributed import ring_attention, ring_step_block, shard_sequence, unshard_sequence
 from attnlab.distributed.ring import (
     _add_block_grads,

@@ -21,7 +21,7 @@ PACKAGE = SRC / "attnlab"
 # The package root ``attnlab`` (attnlab/__init__.py) re-exports the API, so it sits
 # with the API: `import attnlab` from below the API is an upward import.
 CORE_ROOMS: tuple[tuple[str, ...], ...] = (
-    ("attnlab.checks", "attnlab.shapes", "attnlab.masking"),  # ground floor, pure Python
+    ("attnlab.checks", "attnlab.dtypes", "attnlab.shapes", "attnlab.masking"),  # pure Python
     ("attnlab.inputs",),                                      # the call value (torch)
     ("attnlab.reference",),                                   # the CPU oracle (torch)
     ("attnlab.kernels",),                                     # Triton kernels, launchers
@@ -40,7 +40,8 @@ LAB_ROOMS: tuple[tuple[str, ...], ...] = (
 ROOMS = CORE_ROOMS + LAB_ROOMS
 # Modules that must not import torch or numpy (the models and the ground floor run
 # without a tensor library).
-PURE_ROOMS = ("attnlab.checks", "attnlab.shapes", "attnlab.masking", "attnlab.model")
+PURE_ROOMS = ("attnlab.checks", "attnlab.dtypes", "attnlab.shapes", "attnlab.masking",
+              "attnlab.model")
 TENSOR_LIBRARIES = ("torch", "numpy", "triton")
 # What the [lab] extra installs (pyproject.toml); the core imports none of it.
 LAB_LIBRARIES = ("rich", "jinja2", "matplotlib", "yaml")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -75,6 +76,24 @@ def files(tmp_path, monkeypatch):
     write("a_file", "I am a file")
     paths["file/sub"] = tmp_path / "a_file" / "sub"
     paths["out"] = tmp_path / "out"
+    # issue 28: pipes, repeated keys, a cut file, a backtracking pattern, a user's folder
+    for name in ("fifo.yaml", "fifo.json", "fifo.jsonl"):
+        os.mkfifo(tmp_path / name)
+        paths[name] = tmp_path / name
+    good = WORKLOAD.format(title="t", network_ms="15.0")
+    write("dup_top.yaml", good + "title: again\n")
+    write("dup_segment.yaml", good.replace("{name: network, ms: 15.0,",
+                                           "{name: network, ms: 15.0, ms: 16.0,"))
+    write("dup.json", '{"title": "a", "title": "b", "segments": []}')
+    write("no_newline.yaml", good.rstrip("\n"))  # cut inside its last line
+    written = ("# attnlab report workload (schema: docs/report.md)\n" + good + "...\n")
+    write("cut_at_line.yaml", written.rsplit("...", 1)[0])  # attnlab's file, cut at a line
+    write("redos.yaml", good + "trace_patterns: {attention: ['(a+)+$']}\n")
+    folder = tmp_path / "users_folder"
+    folder.mkdir()
+    (folder / "thesis.tex").write_text("mine")
+    paths["users_folder"] = folder
+    paths["missing"] = tmp_path / "missing"
     return paths
 
 
@@ -119,6 +138,38 @@ REFUSED = [
     (["traffic", "--decode-splits", "5000", "--seqlen-q", "1"], "num_splits must be an int in"),
     (["roofline", "--measured-tflops", "1e400"], "--measured-tflops must be a finite number"),
     (["kernels", "--provider", "x" * 10_000], "unknown provider"),
+    # issue 28: names the file system refuses, empty paths, a user's own folder
+    (["report", "--out", "n" * 300], "longer than the 255 bytes a file name may have"),
+    (["explain", "--out", "n" * 300], "longer than the 255 bytes a file name may have"),
+    (["demo", "--out", "n" * 300], "longer than the 255 bytes a file name may have"),
+    (["report", "--trace", "t" * 300], "File name too long"),
+    (["report", "r" * 300 + ".yaml"], "File name too long"),
+    (["demo", "--out", ""], "--out must name a folder, got an empty path"),
+    (["explain", "--out", ""], "--out must name a folder, got an empty path"),
+    (["explain", "--out", "."], "must not be the current folder or one above it"),
+    (["demo", "--out", "{users_folder}"], "holds files attnlab did not write ('thesis.tex')"),
+    (["explain", "--out", "{users_folder}"], "or pass --force"),
+    (["report", "--out", "{users_folder}"], "holds files attnlab did not write"),
+    # non-regular files: a FIFO would block the read forever
+    (["report", "{fifo.yaml}"], "is a named pipe (FIFO), not a regular file"),
+    (["report", "{fifo.json}"], "is a named pipe (FIFO), not a regular file"),
+    (["report", "--trace", "{fifo.json}"], "trace file"),
+    (["report", "--records", "{fifo.jsonl}"], "records file"),
+    # duplicate keys, cut files, patterns that could backtrack
+    (["report", "{dup_top.yaml}"], "the key 'title' appears twice in one mapping"),
+    (["report", "{dup_segment.yaml}"], "the key 'ms' appears twice in one mapping"),
+    (["report", "{dup.json}"], "the key 'title' appears twice in one mapping"),
+    (["report", "{no_newline.yaml}"], "does not end with a line break"),
+    (["report", "{cut_at_line.yaml}"], "it was cut short"),
+    (["report", "{redos.yaml}", "--trace", "{negative.json}"], "not regular expressions"),
+    # --records for the page and the demo; dtype names
+    (["explain", "--records", "{missing}"], "--records"),
+    (["demo", "--records", "{a_file}"], "is not a folder"),
+    (["explain", "--records", ""], "--records must name a results folder, got an empty path"),
+    (["bench", "--replot", "--out", "{missing}", "--plots", "{out}"], "no records at"),
+    (["bench", "--replot", "--out", ""], "--out must name a folder of records or a .jsonl file, got an empty"),
+    (["traffic", "--dtype", "int8"], "--dtype must be one of fp16 (float16, half), bf16"),
+    (["bench", "--dtype", "float8"], "--dtype must be one of"),
 ]
 
 
@@ -133,6 +184,10 @@ def test_refused_in_one_line_with_exit_2(capsys, files, argv, phrase):
     assert code == 2 and out == "", (code, out[:200], err[:500])
     assert len(lines) == 1 and phrase in lines[0], err[:500]
     assert len(lines[0]) < 600  # a short prefix of a bad value, never the value
+    # A refused command creates nothing and touches no one's files (issue 28, 30).
+    assert not files["out"].exists() and not files["missing"].exists()
+    assert [p.name for p in files["users_folder"].iterdir()] == ["thesis.tex"]
+    assert not list(files["out"].parent.glob(".attnlab-partial-*"))
 
 
 # (argv, a phrase the output must hold): big inputs answered at once, exactly.

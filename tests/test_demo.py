@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import html
 import io
 import json
 import re
@@ -19,12 +20,34 @@ import pytest
 from attnlab.cli import main as cli_main
 from attnlab.commands import demo
 from attnlab.measure import plots
-from attnlab.measure.records import committed_results, load_records
+from attnlab.measure.outputs import MANIFEST_NAME
+from attnlab.measure.records import committed_results, load_records, source_label
+
+# Left in --out by an earlier attnlab run (its manifest lists them): a records file that
+# must not be shown as this run's measurements, and a plot this run does not draw.
+LEFTOVER_RECORDS = demo.FRESH_RECORDS
+LEFTOVER_PLOT = "plots/leftover_latency.png"
+
+
+def leftover_record() -> dict:
+    from attnlab.measure.records import make_record
+    from attnlab.shapes import AttentionShape
+
+    env = {"gpu": "LEFTOVER GPU", "torch": "0", "triton": "0", "driver": None,
+           "git_commit": "0", "timestamp": "2020-01-01T00:00:00+00:00", "command": "old"}
+    return make_record(kernel="call", provider="attnlab", phase="prefill",
+                       shape=AttentionShape(seqlen_q=1024, seqlen_k=1024), metric="latency",
+                       unit="ms", p20=1.0, p50=1.0, p80=1.0, repeats=1, env=env)
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "attnlab-demo"
+    (out / "plots").mkdir(parents=True)
+    (out / LEFTOVER_RECORDS).write_text(json.dumps(leftover_record()) + "\n")
+    (out / LEFTOVER_PLOT).write_bytes(b"\x89PNG not a real one")
+    (out / MANIFEST_NAME).write_text(json.dumps(
+        {"written_by": "attnlab", "files": [LEFTOVER_RECORDS, LEFTOVER_PLOT]}))
     buffer = io.StringIO()
     start = time.perf_counter()
     with contextlib.redirect_stdout(buffer):
@@ -37,13 +60,28 @@ def test_demo_prints_one_json_document(demo_run):
     assert demo_run["code"] == 0
     summary = json.loads(demo_run["stdout"])  # nothing but the document on stdout
     assert summary["out"] == str(demo_run["out"].resolve())
-    assert summary["records"]["source"] == str(committed_results())  # no GPU here
+    # no GPU here: the committed results, named without this machine's path
+    assert summary["records"]["source"] == source_label(committed_results())
+    assert "/" not in summary["records"]["source"].split("(")[0]
     assert set(summary["headlines"]) >= {"prefill", "decode"}
     assert summary["headlines"]["prefill"]["sentence"].startswith("At 4k tokens, attnlab takes")
     listed = {entry["path"] for entry in summary["files"]}
     on_disk = {p.relative_to(demo_run["out"]).as_posix()
                for p in demo_run["out"].rglob("*") if p.is_file()}
-    assert listed == on_disk
+    assert listed | {MANIFEST_NAME} == on_disk  # the manifest lists exactly the others
+    manifest = json.loads((demo_run["out"] / MANIFEST_NAME).read_text())
+    assert set(manifest["files"]) == listed
+
+
+def test_the_earlier_runs_files_are_gone_and_never_read(demo_run):
+    """--out held attnlab's earlier output: replaced whole, its records not this run's."""
+    assert not (demo_run["out"] / LEFTOVER_RECORDS).exists()
+    assert not (demo_run["out"] / LEFTOVER_PLOT).exists()
+    summary = json.loads(demo_run["stdout"])
+    assert summary["records"]["count"] == len(load_records(committed_results()))
+    index = (demo_run["out"] / demo.INDEX_NAME).read_text()
+    assert "leftover" not in index and "LEFTOVER GPU" not in index
+    assert not list(demo_run["out"].parent.glob(".attnlab-partial-*"))  # no staging left
 
 
 def test_demo_stays_fast(demo_run):
@@ -76,10 +114,29 @@ def test_demo_index_links_everything_it_wrote(demo_run):
     index = (demo_run["out"] / demo.INDEX_NAME).read_text()
     links = set(re.findall(r'<a href="([^"]+)"', index))
     files = {p.relative_to(demo_run["out"]).as_posix() for p in demo_run["out"].rglob("*")
-             if p.is_file() and p.name != demo.INDEX_NAME}
+             if p.is_file() and p.name not in (demo.INDEX_NAME, MANIFEST_NAME)}
     assert files <= links
     assert "explain.html" in files and "report/report.html" in files
     assert index.count("<img ") == len(list((demo_run["out"] / demo.PLOTS_FOLDER).glob("*.png")))
+
+
+def test_demo_index_shows_plots_as_captioned_thumbnails(demo_run):
+    """A gallery: each plot an <img> inside a link to it, with the workload in words."""
+    index = (demo_run["out"] / demo.INDEX_NAME).read_text()
+    figures = re.findall(r'<figure><a href="([^"]+)"><img src="([^"]+)" alt="([^"]+)"[^>]*>'
+                         r'</a><figcaption>(.+?)</figcaption></figure>', index)
+    pngs = {p.relative_to(demo_run["out"]).as_posix()
+            for p in (demo_run["out"] / demo.PLOTS_FOLDER).glob("*.png")}
+    assert {href for href, *_ in figures} == pngs
+    for href, src, alt, caption in figures:
+        assert href == src and alt and caption.split("<br>")[0].strip()
+    records = load_records(committed_results())
+    titles = {f"{demo.PHASE_NAMES[f['phase']]}, {plots.family_title(f)}"
+              for f in plots.workload_families(records)}
+    captions = [caption for *_, caption in figures]
+    for title in titles:  # every workload is named in words, not only by its file name
+        assert sum(c.startswith(html.escape(title)) for c in captions) == 2, title
+    assert "grid-template-columns" in index  # thumbnails, not 960-pixel figures in a column
 
 
 def test_demo_tables_fit_the_terminal(demo_run, monkeypatch, capsys):

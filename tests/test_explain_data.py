@@ -500,7 +500,7 @@ def test_explain_verb_writes_the_page_and_prints_json(tmp_path, capsys):
     out = tmp_path / "page"
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert cli_main(["explain", "--out", str(out), "--results", str(empty), "--json"]) == 0
+    assert cli_main(["explain", "--out", str(out), "--records", str(empty), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["page"] == str(out / "index.html")
     assert (out / "index.html").stat().st_size == summary["page_bytes"]
@@ -511,10 +511,10 @@ def test_explain_verb_writes_the_page_and_prints_json(tmp_path, capsys):
 
 
 def test_explain_verb_refuses_a_missing_results_folder_and_an_unusable_out(tmp_path, capsys):
-    assert cli_main(["explain", "--out", str(tmp_path / "p"), "--results",
+    assert cli_main(["explain", "--out", str(tmp_path / "p"), "--records",
                      str(tmp_path / "nonexistent")]) == 2
     err = capsys.readouterr().err
-    assert "--results" in err and "does not exist" in err and len(err.strip().splitlines()) == 1
+    assert "--records" in err and "does not exist" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "p" / "index.html").exists()
     blocker = tmp_path / "file"
     blocker.write_text("x")

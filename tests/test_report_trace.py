@@ -142,10 +142,56 @@ def test_pattern_overrides_are_validated():
     assert resolve_patterns({"gemm": ["mm"]})["gemm"] == ("mm",)
     with pytest.raises(ValueError, match="trace_patterns: unknown class 'mlp'"):
         resolve_patterns({"mlp": ["x"]})
-    with pytest.raises(ValueError, match=r"trace_patterns.gemm\[0\] is not a valid regular"):
+    with pytest.raises(ValueError, match=r"trace_patterns.gemm\[0\] '\(' holds \(: patterns "
+                                         r"are plain text"):
         resolve_patterns({"gemm": ["("]})
     with pytest.raises(ValueError, match="non-empty list"):
         resolve_patterns({"gemm": "gemm"})
+
+
+@pytest.mark.parametrize("pattern", ["(a+)+$", "^(a|aa)+$", "flash.*fwd", "a{2,}", r"\bmm",
+                                     "[ab]", "mid^dle", "mid$dle", "^", "", "x" * 201])
+def test_a_regex_or_empty_pattern_is_refused_by_name(pattern):
+    with pytest.raises(ValueError, match=r"trace_patterns.attention\[0\]"):
+        resolve_patterns({"attention": [pattern]})
+
+
+@pytest.mark.parametrize("pattern, name, found", [
+    ("softmax", "void at::native::cunn_SoftMaxForward<float>", True),
+    ("^attention$", "Attention", True), ("^attention$", "self_attention", False),
+    ("^aten::", "aten::mm", True), ("^aten::", "x aten::mm", False),
+    ("_fwd$", "flash_fwd", True), ("_fwd$", "flash_fwd_kernel", False),
+    ("a.b", "a.b", True), ("a.b", "axb", False),  # '.' is a dot, as kernel names write it
+])
+def test_patterns_are_plain_text_anchored_by_caret_and_dollar(pattern, name, found):
+    from attnlab.measure.profile import _Matcher
+
+    matcher = _Matcher(resolve_patterns({"attention": [pattern]}))
+    assert (matcher.match("attention", name) == pattern) is found
+
+
+def test_the_default_scope_patterns_match_what_the_regexes_did():
+    """The defaults, once regular expressions, written out as plain patterns."""
+    import re
+
+    from attnlab.measure.profile import _Matcher
+
+    matcher = _Matcher(DEFAULT_PATTERNS)
+    scope = re.compile(r"^(core|self|sdpa|flash)[_ ]?attention$", re.IGNORECASE)
+    gemm = re.compile(r"^aten::(mm|bmm|addmm|baddbmm|addbmm|mv|dot|linear|_addmm_activation|"
+                      r"_scaled_mm)$", re.IGNORECASE)
+    names = ["core_attention", "Self Attention", "sdpaattention", "flash_attention",
+             "xcore_attention", "core-attention", "core_attention_x", "attention",
+             "aten::mm", "aten::addmm", "aten::mm_x", "aten::_scaled_mm", "aten::linear",
+             "aten::bmm.out"]
+    for name in names:
+        assert bool(matcher.match("attention_scopes", name)) == bool(
+            scope.search(name) or name.lower() == "attention" or "scaled_dot_product" in name
+            or "flash_attn" in name.lower()), name
+        assert bool(matcher.match("gemm", name)) == bool(
+            gemm.search(name) or any(p in name.lower() for p in (
+                "gemm", "gemv", "cutlass", "cublas", "xmma", "wgmma", "nvjet", "matmul", "_mm_",
+                "bmm", "triton_tem_fused_mm"))), name
 
 
 # ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The one argument-validation module: types, ranges, windows, scales, choices.
+"""The one argument-validation module: types, ranges, windows, scales, choices, input files.
 
 Every public entry point (the API, the reference, the models, the CLI) checks its
 arguments with these functions, so a bad value always gets the same kind of
@@ -14,7 +14,9 @@ the models can use this module without a tensor library.
 from __future__ import annotations
 
 import math
+import os
 import reprlib
+import stat
 from collections.abc import Iterable
 from typing import Any
 
@@ -236,3 +238,43 @@ def check_instance(name: str, value: Any, kind: type | tuple[type, ...]) -> Any:
         raise ArgumentTypeError(f"{name} must be {article} {expected}, "
                                 f"got {type(value).__name__}")
     return value
+
+
+# What a path that is not a regular file is, for the refusal.
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+               (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"))
+
+
+def open_regular_file(path: str | os.PathLike, what: str = "file"):
+    """``path`` opened for binary reading if it is a regular file; a ValueError naming
+    ``what`` and the path otherwise (missing, unreadable, a folder, a FIFO, a device).
+
+    Opened non-blocking first and checked with ``fstat`` on the open descriptor: reading
+    a FIFO would wait forever for a writer, and a check before ``open`` could be raced.
+    """
+    text = os.fspath(path)
+    try:
+        descriptor = os.open(text, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                             | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ValueError(f"{what} {quote(text)} cannot be read: {reason}") from None
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((label for test, label in _FILE_KINDS if test(mode)), "not a file")
+            raise ValueError(f"{what} {quote(text)} is {kind}, not a regular file")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def read_regular_file(path: str | os.PathLike, what: str = "file",
+                      limit: int | None = None) -> bytes:
+    """The bytes of a regular file (:func:`open_regular_file`'s refusals), at most
+    ``limit`` of them when given: the caller sees ``limit`` bytes and can refuse more."""
+    with open_regular_file(path, what) as handle:
+        return handle.read() if limit is None else handle.read(limit)

@@ -1,10 +1,11 @@
 """`attnlab <verb>`: a thin dispatcher with no logic of its own.
 
 The verbs come from an explicit table (``attnlab.commands.VERB_MODULES`` plus the
-demo); each module adds its verbs through ``register(subparsers)``.  Library errors
-(ValueError, TypeError, NotImplementedError) become one line on stderr and exit code
-2, like argparse's own usage errors; a closed pipe (``attnlab traffic --json | head -1``)
-ends the command quietly.
+demo); each module adds its verbs through ``register(subparsers)``.  Bare ``attnlab``
+prints the help (exit 0).  Library errors (ValueError, TypeError, NotImplementedError)
+and the operating system's refusals (OSError: a name too long, a full disk) become one
+line on stderr and exit code 2, like argparse's own usage errors; a closed pipe
+(``attnlab traffic --json | head -1``) ends the command quietly.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="FlashAttention, made fast and made explainable.",
     )
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
-    subparsers = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    subparsers = parser.add_subparsers(dest="verb", metavar="<verb>")
     for module in verb_modules():
         module.register(subparsers)
     return parser
@@ -64,11 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        if args.verb is None:  # bare `attnlab`: what it can do, not an error
+            parser.print_help()
+            return 0
         try:
             return int(args.run(args) or 0)
-        except (ValueError, TypeError, NotImplementedError) as error:
-            message = " ".join(str(error).split())
-            print(f"attnlab {args.verb}: error: {message}", file=sys.stderr)
+        except (ValueError, TypeError, NotImplementedError, OSError) as error:
+            if isinstance(error, BrokenPipeError):
+                raise
+            print(f"attnlab {args.verb}: error: {one_line(error)}", file=sys.stderr)
             return 2
         finally:
             sys.stdout.flush()
@@ -78,6 +83,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):  # a captured stdout has no descriptor
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def one_line(error: Exception) -> str:
+    """The error as one short line; an OSError as its reason and a prefix of its path."""
+    from attnlab.checks import quote
+
+    if isinstance(error, OSError) and error.strerror:
+        where = f": {quote(str(error.filename))}" if error.filename is not None else ""
+        return f"{error.strerror}{where}"
+    return " ".join(str(error).split())
 
 
 if __name__ == "__main__":

@@ -12,16 +12,7 @@ import math
 from dataclasses import dataclass
 
 from attnlab.checks import check_bool, check_int, check_window, quote
-
-# Bytes per element of each storage dtype attnlab knows by name.
-DTYPE_BYTES: dict[str, int] = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a named dtype; ValueError naming the allowed names."""
-    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {quote(dtype)}")
-    return DTYPE_BYTES[dtype]
+from attnlab.dtypes import DTYPE_BYTES, canonical_dtype, dtype_bytes  # noqa: F401 (re-exported)
 
 
 def format_tokens(tokens: int) -> str:
@@ -66,7 +57,8 @@ class AttentionShape:
                 f"kv_heads must divide query_heads, got query_heads={self.query_heads}, "
                 f"kv_heads={self.kv_heads}"
             )
-        dtype_bytes(self.dtype)
+        # Stored by its short name, whichever spelling was given (bfloat16 -> bf16).
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         object.__setattr__(self, "causal", check_bool("causal", self.causal))
         object.__setattr__(self, "window", check_window(self.window, name="window"))
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
 
 from rich.console import Console
 
-from attnlab.checks import QUOTE_LIMIT, check_float, check_window, quote
+from attnlab.checks import check_float, check_window, quote
+from attnlab.dtypes import canonical_dtype
 
 # Lengths the exact models answer for: closed forms, exact integers, up to 2^40 tokens.
 MAX_TOKENS = 2**40
@@ -106,6 +105,12 @@ def parse_int_list(text: str, name: str, minimum: int = 1,
                          f"got {quote(text)}") from None
 
 
+def parse_dtype(text: str, name: str = "--dtype") -> str:
+    """A dtype option in any spelling of :mod:`attnlab.dtypes` (``bf16`` or ``bfloat16``),
+    as attnlab's short name."""
+    return canonical_dtype(text, name)
+
+
 def parse_window(text: str | None, name: str = "--window") -> tuple[int, int]:
     """``LEFT,RIGHT`` as flash-attn's window_size (-1 = unbounded); None means (-1, -1)."""
     if text is None:
@@ -117,35 +122,6 @@ def parse_window(text: str | None, name: str = "--window") -> tuple[int, int]:
     window = (parse_int(parts[0], f"{name} LEFT", -1, MAX_TOKENS),
               parse_int(parts[1], f"{name} RIGHT", -1, MAX_TOKENS))
     return check_window(window, name=name)
-
-
-def prepare_out_dir(path: str | os.PathLike, name: str = "--out") -> Path:
-    """An output folder that exists (created if missing) and can be written, or a ValueError.
-
-    Refuses before any work is done: an empty path (it would mean the current folder),
-    an existing file, a path under a file, a device such as /dev/null, and a folder
-    that cannot be created or written (/proc/x, read-only mounts).
-    """
-    text = os.fspath(path)
-    if not str(text).strip():
-        raise ValueError(f"{name} must name a folder, got an empty path")
-    folder = Path(text)
-    if folder.exists() and not folder.is_dir():
-        kind = "a file" if folder.is_file() else "not a folder"
-        raise ValueError(f"{name} must be a folder (created if missing); {quote(str(folder))} "
-                         f"is {kind}")
-    for parent in folder.parents:
-        if parent.exists() and not parent.is_dir():
-            raise ValueError(f"{name}: {quote(str(folder))} is under {quote(str(parent))}, "
-                             f"which is not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"{name}: cannot create {quote(str(folder))}: "
-                         f"{error.strerror or error}") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"{name}: the folder {quote(str(folder))} is not writable")
-    return folder
 
 
 def new_console(width: int = CONSOLE_WIDTH) -> Console:
@@ -185,6 +161,3 @@ def ranges(numbers) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
 
 
-__all__ = ["CONSOLE_WIDTH", "MAX_TOKENS", "QUOTE_LIMIT", "dumps", "json_safe", "new_console",
-           "parse_float", "parse_float_list", "parse_int", "parse_int_list", "parse_length",
-           "parse_window", "prepare_out_dir", "ranges"]

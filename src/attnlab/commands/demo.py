@@ -3,8 +3,11 @@
 Each command module's ``demo(out_dir)`` adds its section (reference trace, models,
 report, explainer page, and on a CUDA machine measurements); this verb then leaves what
 an engineer looks at first: PNG plots of the records (the fresh ones when the demo
-measured, else the committed H200 results), the records as CSV, and an ``index.html``
-linking every file it wrote.  ``--json`` prints one JSON document instead of the tables.
+measured, else ``--records`` or the committed H200 results), the records as CSV, and an
+``index.html`` linking every file this run wrote, its plots as captioned thumbnails.
+Everything is written into a staging folder and moved into ``--out`` when the demo
+succeeds (:func:`attnlab.measure.outputs.prepare_out_dir`).  ``--json`` prints one JSON
+document instead of the tables.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ DESCRIPTIONS = {
     "models-amdahl.json": "Amdahl sensitivity and the FLOP-share trap",
     "forward_tflops.png": "prefill TFLOP/s of up to four workloads against the matrix roof",
 }
+PHASE_NAMES = {"prefill": "prefill forward", "decode": "decode", "fwdbwd": "forward + backward"}
 SUFFIX_DESCRIPTIONS = {
     "_latency.png": "latency vs length per provider (p20-p80 bands)",
     "_throughput.png": "throughput against the measured ceiling",
@@ -45,13 +49,18 @@ SUFFIX_DESCRIPTIONS = {
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from attnlab.commands.explain import add_records_argument
+    from attnlab.measure.outputs import add_force_argument
+
     parser = subparsers.add_parser(
         "demo", help="analyse the lesson's default workload end to end",
         description="Run every section (reference trace, tile plan, models, report, page, "
                     "and on a CUDA machine the measurements), then write plots, a CSV of the "
                     "records and an index page to --out.")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    parser.add_argument("--out", default=str(DEFAULT_OUT),  # a str: Path("") would be "."
                         help=f"output folder (default: ./{DEFAULT_OUT})")
+    add_force_argument(parser)
+    add_records_argument(parser)
     parser.add_argument("--json", action="store_true",
                         help="print one JSON document describing what was written")
     parser.set_defaults(run=run)
@@ -70,14 +79,21 @@ def _console():
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.commands import DEMO_SECTIONS
-    from attnlab.commands.cli_support import prepare_out_dir
+    from attnlab.commands.explain import results_folder
+    from attnlab.measure.outputs import prepare_out_dir
 
-    out_dir: Path = prepare_out_dir(args.out, "--out")
+    records_dir = None if args.records is None else results_folder(args.records)
+    out = prepare_out_dir(args.out, "--out", force=args.force)
     captured = io.StringIO()
-    with contextlib.redirect_stdout(captured) if args.json else contextlib.nullcontext():
+    quiet = contextlib.redirect_stdout(captured) if args.json else contextlib.nullcontext()
+    # A failed section leaves nothing behind; success replaces --out whole.
+    with quiet, out as staging:
+        fresh: list[dict] = []
         for _section, demo_section in DEMO_SECTIONS:
-            demo_section(out_dir)
-        summary = write_artefacts(out_dir)
+            fresh += demo_section(staging, records_dir) or []
+        summary = write_artefacts(staging, fresh, records_dir)
+    summary["out"] = str(out.path)
+    summary["index"] = str(out.final(summary["index"]))
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -86,34 +102,39 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ----- artefacts ---------------------------------------------------------------------------------
-def demo_records(out_dir: Path) -> tuple[list[dict], str]:
-    """The records to plot: this run's measurements when there are any (with the committed
-    ceilings, so the roofs are drawn), else the committed H200 results."""
+def demo_records(fresh: list[dict], records_dir: Path | None = None) -> tuple[list[dict], str]:
+    """The records to plot: this run's measurements when there are any (with the ceilings
+    of the results folder, so the roofs are drawn), else the results folder's records
+    (``--records``, or the committed H200 results).  Never read from the output folder."""
     from attnlab.measure import plots
-    from attnlab.measure.records import committed_results, load_records
+    from attnlab.measure.records import committed_results, load_records, source_label
 
-    committed = committed_results()
-    fresh = out_dir / FRESH_RECORDS
-    if fresh.is_file():
-        records = load_records(fresh)
-        if any(plots.is_latency(r) for r in records):
-            gpus = {r["gpu"] for r in records}
-            ceilings = [r for r in load_records(committed)
-                        if r["provider"] == plots.CEILING_PROVIDER and r["gpu"] in gpus]
-            return records + ceilings, str(fresh)
-    return load_records(committed), str(committed)
+    folder = committed_results() if records_dir is None else Path(records_dir)
+    if any(plots.is_latency(r) for r in fresh):
+        gpus = {r["gpu"] for r in fresh}
+        ceilings = [r for r in load_records(folder)
+                    if r["provider"] == plots.CEILING_PROVIDER and r["gpu"] in gpus]
+        return fresh + ceilings, f"this run's measurements ({FRESH_RECORDS})"
+    return load_records(folder), source_label(folder)
 
 
-def write_artefacts(out_dir: Path) -> dict:
-    """Plots, the CSV and the index page; returns what was written and the key numbers."""
+def write_artefacts(out_dir: Path, fresh: list[dict] | None = None,
+                    records_dir: Path | None = None) -> dict:
+    """Plots, the CSV and the index page in ``out_dir`` (a folder holding only this run's
+    files); returns what was written and the key numbers."""
     from attnlab.explain.measured import phase_block
     from attnlab.measure import plots
     from attnlab.measure.records import write_csv
 
-    records, source = demo_records(out_dir)
+    records, source = demo_records(fresh or [], records_dir)
     plot_dir = out_dir / PLOTS_FOLDER
     written = plots.plot_records(records, plot_dir) if any(plots.is_latency(r)
                                                            for r in records) else []
+    captions = {f"{plots.family_slug(f)}_{kind}.png":
+                f"{PHASE_NAMES.get(f['phase'], f['phase'])}, {plots.family_title(f)}: {what}"
+                for f in plots.workload_families(records)
+                for kind, what in (("latency", SUFFIX_DESCRIPTIONS["_latency.png"]),
+                                   ("throughput", SUFFIX_DESCRIPTIONS["_throughput.png"]))}
     # No prefill sweep with two lengths means nothing for the grid to show.
     with contextlib.suppress(ValueError):
         written.append(plots.plot_tflops_grid(records, plot_dir / "forward_tflops.png"))
@@ -125,20 +146,23 @@ def write_artefacts(out_dir: Path) -> dict:
         if block["headline"]:
             headlines[phase] = {"workload": block["charts"][0]["title"],
                                 "sentence": block["headline"]}
-    index = write_index(out_dir, source, headlines)
+    index = write_index(out_dir, source, headlines, captions)
     files = sorted(p for p in out_dir.rglob("*") if p.is_file())
     return {
-        "out": str(out_dir.resolve()),
+        "out": str(out_dir),
         "index": str(index),
-        "records": {"source": source, "count": len(records), "csv": str(csv_file)},
-        "plots": [str(p) for p in written],
+        "records": {"source": source, "count": len(records),
+                    "csv": str(csv_file.relative_to(out_dir))},
+        "plots": [str(p.relative_to(out_dir)) for p in written],
         "headlines": headlines,
         "files": [{"path": str(p.relative_to(out_dir)), "bytes": p.stat().st_size,
-                   "what": describe(p)} for p in files],
+                   "what": describe(p, captions)} for p in files],
     }
 
 
-def describe(path: Path) -> str:
+def describe(path: Path, captions: dict[str, str] | None = None) -> str:
+    if captions and path.name in captions:
+        return captions[path.name]
     if path.name in DESCRIPTIONS:
         return DESCRIPTIONS[path.name]
     for suffix, text in SUFFIX_DESCRIPTIONS.items():
@@ -149,36 +173,45 @@ def describe(path: Path) -> str:
     return ""
 
 
-def write_index(out_dir: Path, source: str, headlines: dict) -> Path:
-    """``index.html``: every file under ``out_dir`` as a link, the plots inline."""
+def write_index(out_dir: Path, source: str, headlines: dict,
+                captions: dict[str, str] | None = None) -> Path:
+    """``index.html``: the files this run wrote into ``out_dir`` as a table of links, and
+    its plots as a gallery of thumbnails (each a link to the full figure) with captions."""
     index = out_dir / INDEX_NAME
     files = sorted(p for p in out_dir.rglob("*") if p.is_file() and p != index)
-    rows, images = [], []
+    rows, figures = [], []
     for path in files:
         relative = path.relative_to(out_dir).as_posix()
         link = html.escape(relative, quote=True)
-        rows.append(f"<tr><td><a href=\"{link}\">{html.escape(relative)}</a></td>"
-                    f"<td>{path.stat().st_size:,}</td><td>{html.escape(describe(path))}</td></tr>")
+        caption = describe(path, captions)
         if path.suffix == ".png":
-            images.append(f"<figure><a href=\"{link}\"><img src=\"{link}\" alt=\""
-                          f"{html.escape(describe(path) or relative, quote=True)}\" width=\"960\">"
-                          f"</a><figcaption>{html.escape(relative)}</figcaption></figure>")
+            figures.append(f"<figure><a href=\"{link}\"><img src=\"{link}\" alt=\""
+                           f"{html.escape(caption or relative, quote=True)}\" loading=\"lazy\">"
+                           f"</a><figcaption>{html.escape(caption or relative)}<br>"
+                           f"<code>{html.escape(relative)}</code></figcaption></figure>")
+            continue
+        rows.append(f"<tr><td><a href=\"{link}\">{html.escape(relative)}</a></td>"
+                    f"<td>{path.stat().st_size:,}</td><td>{html.escape(caption)}</td></tr>")
     findings = "".join(f"<li><strong>{html.escape(phase)}</strong> ({html.escape(h['workload'])}):"
                        f" {html.escape(h['sentence'])}</li>" for phase, h in headlines.items())
     index.write_text(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<title>attnlab demo</title><link rel=\"icon\" href=\"data:,\"><style>"
-        "body{font-family:system-ui,sans-serif;max-width:1000px;margin:24px auto;padding:0 16px;"
+        "body{font-family:system-ui,sans-serif;max-width:1200px;margin:24px auto;padding:0 16px;"
         "color:#1d2330}table{border-collapse:collapse}td,th{border-bottom:1px solid #d8dce5;"
-        "padding:3px 10px;text-align:left}img{max-width:100%;height:auto}"
-        "figure{margin:18px 0}</style></head><body>\n"
+        "padding:3px 10px;text-align:left}.gallery{display:grid;gap:14px;"
+        "grid-template-columns:repeat(auto-fill,minmax(260px,1fr))}"
+        "figure{margin:0;border:1px solid #d8dce5;border-radius:4px;padding:6px}"
+        "img{width:100%;height:auto}figcaption{font-size:13px;line-height:1.35}"
+        "code{font-size:11px;color:#5b6475}</style></head><body>\n"
         "<h1>attnlab demo</h1>\n"
         f"<p>Records: {html.escape(source)}. Open <a href=\"explain.html\">explain.html</a> for "
         "the interactive page.</p>\n"
         + (f"<h2>Key numbers</h2><ul>{findings}</ul>\n" if findings else "")
+        + (f"<h2>Plots ({len(figures)})</h2><p>Click a plot for the full-size figure.</p>\n"
+           f"<div class=\"gallery\">{''.join(figures)}</div>\n" if figures else "")
         + "<h2>Files</h2><table><thead><tr><th>file</th><th>bytes</th><th>what</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>\n<h2>Plots</h2>\n{''.join(images)}\n"
-        "</body></html>\n", encoding="utf-8")
+        f"<tbody>{''.join(rows)}</tbody></table>\n</body></html>\n", encoding="utf-8")
     return index
 
 

@@ -1,8 +1,9 @@
 """`attnlab explain`: write the interactive explainer page (one offline HTML file).
 
-The page's numbers come from attnlab's models and reference and from the measured
-records under ``bench/results/``; this verb builds them, renders the page and prints
-what it wrote.  It never launches a kernel.
+The page's numbers come from attnlab's models and reference and from measured records
+(the committed H200 results, or ``--records DIR``); this verb builds them, renders the
+page into ``--out`` (:func:`attnlab.commands.cli_support.prepare_out_dir`'s rule) and prints what
+it wrote.  It never launches a kernel.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from attnlab.commands.cli_support import prepare_out_dir
+from attnlab.measure.outputs import add_force_argument, prepare_out_dir
 
 DEFAULT_OUT = Path("attnlab-explain")
 
@@ -25,36 +26,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write a self-contained page (index.html) explaining where FlashAttention's "
                     "speed comes from, with every number from attnlab's models and the "
                     "measured records.")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    parser.add_argument("--out", default=str(DEFAULT_OUT),  # a str: Path("") would be "."
                         help=f"output folder (default: ./{DEFAULT_OUT})")
-    parser.add_argument("--results", type=Path, default=None,
-                        help="folder of measured records, *.jsonl (default: the committed H200 "
-                             "results shipped with attnlab)")
+    add_force_argument(parser)
+    add_records_argument(parser)
     parser.add_argument("--json", action="store_true",
                         help="print the summary as JSON instead of a table")
     parser.set_defaults(run=run)
 
 
-def results_folder(results: Path | None) -> Path:
-    """``--results`` (must be an existing folder) or the committed H200 results."""
+def add_records_argument(parser: argparse.ArgumentParser) -> None:
+    """``--records DIR``: the measurements to show (explain and demo read it the same way)."""
+    parser.add_argument("--records", default=None, metavar="DIR",  # a str: Path("") is "."
+                        help="results folder of measured records, *.jsonl, with its ncu/ "
+                             "CSVs and kernels.json (default: the committed H200 results "
+                             "shipped with attnlab)")
+
+
+def results_folder(records: str | Path | None) -> Path:
+    """``--records`` (must be an existing folder) or the committed H200 results."""
     from attnlab.measure.records import committed_results
 
-    if results is None:
+    if records is None:
         return committed_results()
-    if not results.is_dir():
-        what = "is a file, not a folder" if results.exists() else "does not exist"
-        raise ValueError(f"--results {results} {what}: pass a folder of *.jsonl records "
-                         f"(or leave it out for the committed H200 results)")
-    return results
+    if not str(records).strip():
+        raise ValueError("--records must name a results folder, got an empty path")
+    records = Path(records)
+    if not records.is_dir():
+        what = "is not a folder" if records.exists() else "does not exist"
+        raise ValueError(f"--records {str(records)!r} {what}: pass a results folder of "
+                         f"*.jsonl records (or leave it out for the committed H200 results)")
+    return records
 
 
 def build_and_write(out_dir: Path, results_dir: Path,
                     name: str = "index.html") -> tuple[Path, dict]:
-    """Build the page data, write the page; returns its path and a summary."""
+    """Build the page data, write the page into ``out_dir``; returns its path and a summary."""
     from attnlab.explain.data import build_page_data
     from attnlab.explain.page import write_page
 
-    prepare_out_dir(out_dir, "--out")
     data = build_page_data(results_dir)
     path = write_page(out_dir, data, name)
     return path, summarise(path, data)
@@ -122,15 +132,19 @@ def print_summary(summary: dict, *, as_json: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _, summary = build_and_write(args.out, results_folder(args.results))
+    results = results_folder(args.records)
+    out = prepare_out_dir(args.out, "--out", force=args.force)
+    with out as staging:
+        path, summary = build_and_write(staging, results)
+    summary["page"] = str(out.final(path))
     print_summary(summary, as_json=args.json)
     return 0
 
 
-def demo(out_dir: Path) -> None:
-    """`attnlab demo`: the page, as out_dir/explain.html."""
+def demo(out_dir: Path, records_dir: Path | None = None) -> None:
+    """`attnlab demo`: the page, as out_dir/explain.html, from ``records_dir`` (the
+    demo's ``--records``) or the committed results."""
     print("\n== explain: the interactive page ==")
-    from attnlab.measure.records import committed_results
-
-    _, summary = build_and_write(out_dir, committed_results(), "explain.html")
+    path, summary = build_and_write(out_dir, results_folder(records_dir), "explain.html")
+    summary["page"] = path.name  # in the demo's folder (which is still being written)
     print_summary(summary, as_json=False)

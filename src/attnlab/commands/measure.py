@@ -24,7 +24,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from attnlab.commands.cli_support import new_console, parse_int_list, parse_window, prepare_out_dir
+from attnlab.commands.cli_support import (
+    new_console,
+    parse_dtype,
+    parse_int_list,
+    parse_window,
+)
+from attnlab.measure.outputs import check_out_dir
 
 DEFAULT_RESULTS = Path("bench") / "results"
 BENCH_RECORDS = "bench.jsonl"  # inside the bench verb's --out folder
@@ -57,7 +63,8 @@ def _add_shape_arguments(parser: argparse.ArgumentParser, *, causal_default: boo
     group.add_argument("--kv-heads", type=int, default=None,
                        help="KV heads (default: the preset's; fewer than query heads = GQA)")
     group.add_argument("--head-dim", type=int, default=None, help="head dimension")
-    group.add_argument("--dtype", default=None, help="fp16, bf16, fp32 or fp64")
+    group.add_argument("--dtype", default=None,
+                       help="fp16, bf16, fp32 or fp64, or their torch names (bfloat16, ...)")
     group.add_argument("--causal", action=argparse.BooleanOptionalAction, default=causal_default,
                        help=f"bottom-right causal mask (default: {causal_default})")
     group.add_argument("--window", default=None, help="sliding window LEFT,RIGHT (-1 = unbounded)")
@@ -74,7 +81,8 @@ def _base_shape(args: argparse.Namespace, *, heads: int | None, seqlen: int = 40
         kv_heads = model.kv_heads if heads is None else heads
     return model.shape(seqlen, batch=args.batch, causal=args.causal).replace(
         query_heads=query_heads, kv_heads=kv_heads,
-        head_dim=args.head_dim or model.head_dim, dtype=args.dtype or model.dtype,
+        head_dim=args.head_dim or model.head_dim,
+        dtype=model.dtype if args.dtype is None else parse_dtype(args.dtype, "--dtype"),
         window=parse_window(args.window))
 
 
@@ -105,25 +113,40 @@ def _kernel_summary(names: list[str]) -> str:
 
 def _short_shape(shape: dict) -> str:
     mask = "causal" if shape.get("causal") else "full"
+    window = list(shape.get("window", [-1, -1]))
+    if window != [-1, -1]:
+        mask += f" w{window[0]},{window[1]}"
     return (f"B{shape['batch']} H{shape['query_heads']}/{shape['kv_heads']} d{shape['head_dim']} "
             f"{shape['dtype']} {mask}")
 
 
+# Record fields a table shows only when its rows differ in them (else they would make two
+# rows look the same: two GPUs, two metrics, per-kernel rows of one call).
+_DISTINGUISHING = (("gpu", "GPU"), ("metric", "metric"), ("kernel", "kernel"))
+
+
 def records_table(records: list[dict], title: str):
+    """One row per record, with every column that tells two rows apart: the shape and
+    both lengths always (decode rows differ in seqlen_q: speculative queries), the GPU,
+    metric and kernel when they vary."""
     from rich.table import Table
 
+    extra = [(key, header) for key, header in _DISTINGUISHING
+             if len({r[key] for r in records}) > 1]
     table = Table(title=title, title_justify="left")
-    for column in ("phase", "shape", "provider", "N", "median ms (p20-p80)", "TFLOP/s", "TB/s",
+    for column in ("phase", "shape", "provider", "Nq", "Nk", *(h for _, h in extra),
+                   "median ms (p20-p80)", "TFLOP/s", "TB/s",
                    "kernels that ran (or why not measured)"):
-        table.add_column(column, justify="right" if column in ("N", "TFLOP/s", "TB/s") else "left")
+        table.add_column(column, justify="right" if column in ("Nq", "Nk", "TFLOP/s", "TB/s")
+                         else "left")
     for r in records:
-        n = r["shape"].get("seqlen_k" if r["phase"] == "decode" else "seqlen_q", "")
-        shape = _short_shape(r["shape"])
+        head = [r["phase"], _short_shape(r["shape"]), r["provider"],
+                str(r["shape"].get("seqlen_q", "")), str(r["shape"].get("seqlen_k", "")),
+                *(str(r[key]) for key, _ in extra)]
         if r["metric"] == "skipped":
-            table.add_row(r["phase"], shape, r["provider"], str(n), "-", "-", "-", r["reason"])
+            table.add_row(*head, "-", "-", "-", r["reason"])
         else:
-            table.add_row(r["phase"], shape, r["provider"], str(n),
-                          f"{r['p50']:.4f} ({r['p20']:.4f}-{r['p80']:.4f})",
+            table.add_row(*head, f"{r['p50']:.4f} ({r['p20']:.4f}-{r['p80']:.4f})",
                           f"{r['tflops']:.1f}" if r["tflops"] is not None else "-",
                           f"{r['tbps']:.2f}" if r["tbps"] is not None else "-",
                           _kernel_summary(r["kernel_names"]))
@@ -200,25 +223,29 @@ def _bench_report(ctx) -> None:
 
 
 def _plots_dir(out_dir: Path, plots: str | None) -> Path:
-    """--plots (default: --out's plots/), checked as --out is, then created."""
-    from attnlab.measure.engine import check_out_dir
-
-    folder = plots if plots is not None else out_dir / "plots"
-    return prepare_out_dir(check_out_dir(folder, "--plots"), "--plots")
+    """--plots (default: --out's plots/), checked as --out is, then created: call it once
+    there is something to plot, so a failed command creates nothing."""
+    folder = check_out_dir(plots if plots is not None else out_dir / "plots", "--plots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from attnlab.measure.engine import DEFAULT_OUT, check_out_dir
+    from attnlab.measure.engine import DEFAULT_OUT
 
     if args.replot:  # plots only read records: no GPU needed
         from attnlab.measure import records as rec
         from attnlab.measure.plots import plot_records, with_sibling_ceilings
 
         # Reading: --out may also name a records file (the committed measure.jsonl).
+        if args.out is not None and not str(args.out).strip():
+            raise ValueError("--out must name a folder of records or a .jsonl file, got an "
+                             "empty path")
         given = Path(args.out or DEFAULT_OUT)
         path = given if given.is_file() else given / BENCH_RECORDS
-        plots = _plots_dir(path.parent, args.plots)
-        written = plot_records(with_sibling_ceilings(rec.load_records(path), path), plots)
+        check_out_dir(args.plots if args.plots is not None else path.parent / "plots", "--plots")
+        records = with_sibling_ceilings(rec.load_records(path), path)  # fails before any folder
+        written = plot_records(records, _plots_dir(path.parent, args.plots))
         if args.json:
             _print_json({"plots": [str(p) for p in written]})
         else:
@@ -381,7 +408,8 @@ def run_ncu_verb(args: argparse.Namespace) -> int:
     from attnlab.measure import records as rec
     from attnlab.measure.compare import comparison_markdown, ncu_records, predicted_kernel_count
 
-    args.out = prepare_out_dir(args.out, "--out")
+    args.out = check_out_dir(args.out, "--out")
+    args.out.mkdir(parents=True, exist_ok=True)
     run = ncu_module.run_ncu(cases, args.out, ncu=ncu, timeout_s=args.timeout,
                              kernel_counts=predicted_kernel_count)
     comparisons = compare_cases(run.kernels)
@@ -389,7 +417,7 @@ def run_ncu_verb(args: argparse.Namespace) -> int:
     rec.upsert_records(args.records, ncu_records(run.kernels, env))
     out = Path(args.out)
     (out / "ncu_summary.json").write_text(json.dumps(
-        {"command": env["command"], "ncu_command": run.command, "metrics": run.metrics,
+        {"command": rec.portable_command(env["command"], out), "ncu_command": run.command, "metrics": run.metrics,
          "notes": run.notes, "failed_cases": run.failed_cases,
          "kernels": [k.summary() for k in run.kernels],
          "comparisons": [c.as_dict() for c in comparisons]}, indent=1, default=str))
@@ -487,28 +515,33 @@ def _committed_results() -> Path:
     return committed_results()
 
 
-def _summarise_committed(console) -> None:
-    from attnlab.measure.records import load_records
+def _summarise_committed(console, records_dir: Path | None = None) -> None:
+    from attnlab.measure.records import load_records, source_label
 
-    folder = _committed_results()
+    folder = _committed_results() if records_dir is None else Path(records_dir)
+    kind = "committed" if records_dir is None else "given"
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     if not files:
-        console.print(f"  no committed records found under {folder}")
+        console.print(f"  no {kind} records found under {source_label(folder)}")
         return
     records = load_records(folder)
     latency = [r for r in records if r["metric"] == "latency" and r["kernel"] == "call"]
-    console.print(f"  {len(records)} committed records in {len(files)} file(s) under {folder} "
+    console.print(f"  {len(records)} {kind} records in {len(files)} file(s) under "
+                  f"{source_label(folder)} "
                   f"({len(latency)} latency rows; GPUs: "
                   f"{', '.join(sorted({r['gpu'] for r in records}))})")
     if latency:
         def order(r):
-            return r["phase"], _short_shape(r["shape"]), r["provider"], r["shape"]["seqlen_k"]
+            return (r["phase"], _short_shape(r["shape"]), r["provider"], r["shape"]["seqlen_k"],
+                    r["shape"]["seqlen_q"])
 
         console.print(records_table(sorted(latency, key=order)[:40],
-                                    "committed latency records (first 40)"))
+                                    f"{kind} latency records (first 40)"))
 
 
-def demo(out_dir: Path) -> None:
+def demo(out_dir: Path, records_dir: Path | None = None) -> list[dict] | None:
+    """On a CUDA machine a small bench into out_dir/measure.jsonl, returning its records;
+    without one, a summary of ``records_dir`` (the committed results by default)."""
     from attnlab.measure import records as rec
     from attnlab.measure.providers import parse_providers
     from attnlab.measure.sweep import run_sweep
@@ -518,8 +551,8 @@ def demo(out_dir: Path) -> None:
     console.print("\n[bold]measure[/bold] — which kernels ran and how fast (attnlab bench)")
     if not _cuda_available():
         console.print(f"  {NEEDS_CUDA}")
-        _summarise_committed(console)
-        return
+        _summarise_committed(console, records_dir)
+        return None
     path = Path(out_dir) / "measure.jsonl"
     env = rec.environment("attnlab demo")
     providers = parse_providers("eager,sdpa,sdpa_flash,sdpa_cudnn,attnlab")
@@ -533,4 +566,5 @@ def demo(out_dir: Path) -> None:
     console.print(records_table([r.record for r in results],
                                 f"lesson-8b layer, causal; decode with 8 KV heads — "
                                 f"{rec.describe_environment(env)}"))
-    console.print(f"  records: {path}")
+    console.print(f"  records: {path.name} in the demo's folder")
+    return [r.record for r in results]

@@ -17,6 +17,7 @@ from rich.table import Table
 from attnlab.commands.cli_support import (
     dumps,
     new_console,
+    parse_dtype,
     parse_float,
     parse_float_list,
     parse_int,
@@ -45,7 +46,7 @@ DEFAULT_FLOP_SHARE_TOKENS = "2048"
 # ----- parsing: cli_support's parsers, so a bad value is one line and exit 2 --------------
 def _shape_and_preset(args: argparse.Namespace, *, causal: bool):
     """The AttentionShape the shape options describe, its preset and its score dtype."""
-    from attnlab.shapes import dtype_bytes, preset
+    from attnlab.shapes import preset
 
     model = preset(args.preset)
     seqlen = parse_length(args.seqlen, "--seqlen")
@@ -60,9 +61,9 @@ def _shape_and_preset(args: argparse.Namespace, *, causal: bool):
             overrides[field] = parse_length(text, "--" + option.replace("_", "-"))
     if "query_heads" in overrides and "kv_heads" not in overrides and model.kv_heads == model.query_heads:
         overrides["kv_heads"] = overrides["query_heads"]  # an MHA preset stays MHA
-    if args.dtype is not None:
-        dtype_bytes(args.dtype)
-        overrides["dtype"] = args.dtype
+    dtype = None if args.dtype is None else parse_dtype(args.dtype, "--dtype")
+    if dtype is not None:
+        overrides["dtype"] = dtype
     window = parse_window(args.window) if getattr(args, "window", None) else (-1, -1)
     shape = model.shape(seqlen_q, seqlen_k=seqlen_k, causal=causal, window=window)
     try:
@@ -71,10 +72,9 @@ def _shape_and_preset(args: argparse.Namespace, *, causal: bool):
         message = str(error).replace("query_heads", "--heads").replace("kv_heads", "--kv-heads")
         raise ValueError(message) from None
     if args.score_dtype is not None:
-        dtype_bytes(args.score_dtype)
-        score_dtype = args.score_dtype
+        score_dtype = parse_dtype(args.score_dtype, "--score-dtype")
     else:
-        score_dtype = args.dtype if args.dtype is not None else model.score_dtype
+        score_dtype = dtype if dtype is not None else model.score_dtype
     return shape, model, score_dtype
 
 
@@ -366,7 +366,8 @@ def _add_shape_options(parser: argparse.ArgumentParser, *, scope: bool = True,
     group.add_argument("--heads", help="query heads (default: the preset's)")
     group.add_argument("--kv-heads", help="K/V heads, must divide --heads (default: the preset's)")
     group.add_argument("--head-dim", help="head dimension d (default: the preset's)")
-    group.add_argument("--dtype", help="input dtype: fp16, bf16, fp32, fp64 (default: the preset's)")
+    group.add_argument("--dtype", help="input dtype: fp16, bf16, fp32, fp64 or their torch "
+                                       "names (bfloat16, float16, ...; default: the preset's)")
     group.add_argument("--score-dtype", help="dtype S and P are stored in by the naive path "
                                              "(default: the preset's, or --dtype)")
     group.add_argument("--block-m", help="B_r, query rows per tile (default 128)")
@@ -454,7 +455,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # ----- demo ------------------------------------------------------------------------------
-def demo(out_dir: Path) -> None:
+def demo(out_dir: Path, records_dir: Path | None = None) -> None:  # no records needed
     """Traffic, memory and Amdahl for the default workload, as JSON files plus a summary."""
     from attnlab.model import amdahl
     from attnlab.shapes import LESSON_SHAPE, PRESETS

@@ -285,7 +285,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.set_defaults(run=run_verify)
 
 
-def demo(out_dir: Path) -> None:
+def demo(out_dir: Path, records_dir: Path | None = None) -> None:  # no records needed
     """The lesson's two-tile trace and exercise 4's tile plan, printed and saved as JSON."""
     from attnlab.shapes import AttentionShape
 
@@ -302,4 +302,4 @@ def demo(out_dir: Path) -> None:
     tiles = tiles_report(shape, int(LESSON_QUERY_TILE))
     print_tiles(tiles)
     (out_dir / "tile_plan.json").write_text(dumps(tiles) + "\n")
-    console.print(f"wrote {out_dir / 'reference_trace.json'} and {out_dir / 'tile_plan.json'}")
+    console.print("wrote reference_trace.json and tile_plan.json")

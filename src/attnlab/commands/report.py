@@ -9,10 +9,12 @@ Chrome trace; ``--records`` takes the kernel speedup from bench records;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
-from attnlab.commands.cli_support import new_console, prepare_out_dir
+from attnlab.commands.cli_support import new_console
+from attnlab.measure.outputs import add_force_argument, prepare_out_dir
 
 DEMO_FOLDER = "report"
 
@@ -20,10 +22,11 @@ DEMO_FOLDER = "report"
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "report", help="latency attribution: Amdahl's law across measurement boundaries",
-        description="Attribute one request's client TTFT to its serial segments, project a "
+        description="Attribute one request's client TTFT to its serial segments and project a "
                     "proposed kernel speedup through Amdahl's law inside its boundary and at "
-                    "the client, and write a one-page report (HTML, Markdown, JSON). With no "
-                    "FILE: the lesson's Document QA trace.")
+                    "the client; print the tables, and with --out DIR also write the "
+                    "one-page report (HTML, Markdown, JSON). With no FILE: the lesson's "
+                    "Document QA trace.")
     parser.add_argument("file", nargs="?", type=Path, metavar="FILE",
                         help="workload file, YAML or JSON (schema: docs/report.md)")
     parser.add_argument("--trace", type=Path, metavar="CHROME_TRACE",
@@ -35,8 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kernel-speedup", type=float, metavar="S",
                         help="kernel speedup to project instead of the file's")
     parser.add_argument("--out", metavar="DIR",
-                        help="write report.html, report.md, report.json, waterfall.svg, "
-                             "workload.yaml here")
+                        help="also write report.html, report.md, report.json, waterfall.svg "
+                             "and workload.yaml into this folder (without it nothing is "
+                             "written)")
+    add_force_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--measure", action="store_true",
                         help="CUDA only: profile a small random-weight decoder's prefill, "
@@ -44,31 +49,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def build(args: argparse.Namespace) -> dict:
+def build(args: argparse.Namespace, trace_dir: Path | None = None) -> dict:
     """The report dict for the parsed arguments (no printing)."""
     from attnlab.report.assemble import assemble_report
 
     return assemble_report(args.file, trace_file=args.trace, records_path=args.records,
                            kernel_speedup=args.kernel_speedup, measure=args.measure,
-                           trace_dir=args.out)
+                           trace_dir=trace_dir)
 
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.report.render import render_json, write_report
 
-    if args.out is not None:  # checked before any work: '' or a file is refused, not reused
-        args.out = prepare_out_dir(args.out, "--out")
-    report = build(args)
+    # Checked before any work: '' or a file is refused, a user's folder is not written into.
+    out = None if args.out is None else prepare_out_dir(args.out, "--out", force=args.force)
+    with out if out is not None else contextlib.nullcontext() as staging:
+        report = build(args, trace_dir=staging)
+        paths = {} if staging is None else write_report(report, staging)
     for warning in report["warnings"]:
         print(f"attnlab report: warning: {warning}", file=sys.stderr)
     if args.json:
         sys.stdout.write(render_json(report))
     else:
         print_summary(report)
-    if args.out:
-        paths = write_report(report, args.out)
-        if not args.json:
-            print(f"\nwritten: {', '.join(str(p) for p in paths.values())}")
+        if paths:
+            print(f"\nwritten: {', '.join(str(out.final(p)) for p in paths.values())}")
     return 0
 
 
@@ -118,7 +123,7 @@ def print_summary(report: dict) -> None:
             console.print(f"  - {line}")
 
 
-def demo(out_dir: Path) -> None:
+def demo(out_dir: Path, records_dir: Path | None = None) -> None:  # no records needed
     """The lesson's Document QA report, written to out_dir/report/."""
     from attnlab.report.attribution import build_report
     from attnlab.report.render import ms, pct, times, write_report
@@ -136,4 +141,4 @@ def demo(out_dir: Path) -> None:
           f"({pct(cli['reduction'], 2)} less)")
     print(f"errors   kernel speedup on TTFT would claim {ms(wrong)}; FLOP share "
           f"{pct(flop['flop_share'])} vs time share {pct(flop['time_share'])}")
-    print(f"page     {paths['report.html']}")
+    print(f"page     {paths['report.html'].relative_to(out_dir).as_posix()}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from attnlab.explain.units import format_bytes, format_ms, format_ratio, format_tokens
 from attnlab.measure import plots
-from attnlab.measure.records import load_records
+from attnlab.measure.records import load_records, source_label
 
 # Phases in reading order; a phase the records add later is appended after these.
 PHASE_ORDER = ("prefill", "fwdbwd", "decode")
@@ -48,13 +48,14 @@ def measured_section(results_dir: Path | str | None,
         return _empty("none", "no results folder was given, so there is no measured data "
                               "on this page")
     folder = Path(results_dir)
+    label = source_label(folder)  # the page never names this machine's paths
     if not folder.is_dir():
-        return _empty(str(folder), f"no measured records: the folder {folder} does not exist. "
-                                   "Run the benchmarks on a GPU (bench/) to fill this section.")
+        return _empty(label, f"no measured records: the folder {label} does not exist. "
+                             "Run the benchmarks on a GPU (bench/) to fill this section.")
     records = load_records(folder)
     if not records and not any(folder.rglob("*.csv")):
-        return _empty(str(folder), f"no measured records: {folder} holds no *.jsonl records. "
-                                   "Run the benchmarks on a GPU (bench/) to fill this section.")
+        return _empty(label, f"no measured records: {label} holds no *.jsonl records. "
+                             "Run the benchmarks on a GPU (bench/) to fill this section.")
     providers = sorted({r["provider"] for r in records if r["provider"] != plots.CEILING_PROVIDER},
                        key=plots.provider_rank)
     from attnlab.explain.profiler import ncu_cases
@@ -70,11 +71,11 @@ def measured_section(results_dir: Path | str | None,
     summary = (f"{len(records)} records on {', '.join(gpus) or 'no GPU'}; {latency_count} "
                f"latency points, {len(bytes_chart['points'])} profiled cases with DRAM bytes")
     return {
-        "source": str(folder),
+        "source": label,
         "record_count": len(records),
         "summary": summary,
         "has_latency": latency_count > 0,
-        "empty_message": (f"{folder} holds {len(records)} records but none is a timed call "
+        "empty_message": (f"{label} holds {len(records)} records but none is a timed call "
                           f"(metric latency, unit one of {sorted(plots.MS_PER_UNIT)})."),
         "providers": [{"name": p, "label": plots.provider_label(p), "colour": colours[p],
                        "ours": plots.is_ours(p)} for p in providers],
@@ -325,7 +326,8 @@ def bytes_section(cases: list[dict], notes: list[str], colours: dict[str, str],
                     "dram__bytes_read.sum + dram__bytes_write.sum. Cache-aware: "
                     "attnlab.model.cache (H200 L2). Logical: attnlab.model.traffic, "
                     "cold cache." + (f" Left out: {'; '.join(notes)}." if notes else "")),
-        "empty_message": (f"No Nsight Compute CSV of an attnlab case under {folder}"
+        "empty_message": (f"No Nsight Compute CSV of an attnlab case under "
+                          f"{source_label(folder)}"
                           + (f" ({'; '.join(notes)})" if notes else "")
                           + "; the logical prediction is in section 3."),
     }

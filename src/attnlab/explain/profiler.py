@@ -20,7 +20,7 @@ from pathlib import Path
 
 from attnlab.explain.units import format_ms, format_tokens, format_us
 from attnlab.measure import plots
-from attnlab.measure.records import CSV_SUFFIX
+from attnlab.measure.records import CSV_SUFFIX, source_label
 
 KERNEL_LISTS = "kernels.json"
 GEMM_COLOUR = "#1b6ac9"
@@ -310,12 +310,14 @@ def profiler_section(results_dir: Path | str | None, colours: dict[str, str] | N
     :func:`ncu_cases`, when the caller already parsed them.
     """
     empty = {"available": False, "kernel_lists": [], "kernel_list_default": 0,
-             "workloads": [], "workload_default": 0, "missing": [], "source": str(results_dir)}
+             "workloads": [], "workload_default": 0, "missing": [],
+             "source": "none" if results_dir is None else source_label(results_dir)}
     if results_dir is None or not Path(results_dir).is_dir():
         empty["empty_message"] = ("No results folder, so no profiler data: the kernel lists "
                                   "and Nsight Compute metrics come from a GPU run.")
         return empty
     folder = Path(results_dir)
+    label = source_label(folder)  # the page never names this machine's paths
     entries = _load_kernel_lists(folder)
     cases, _ = ncu if ncu is not None else ncu_cases(folder)
     providers = {e["provider"] for e in entries} | {c["provider"] for c in cases}
@@ -341,13 +343,13 @@ def profiler_section(results_dir: Path | str | None, colours: dict[str, str] | N
                 grouped[list(grouped)[i]][0]["shape"].query_heads))
     profiled = {w["phase"] for w in workloads}
     missing = [f"{phase.capitalize()} is not in the committed Nsight Compute data "
-               f"({folder / 'ncu'}); run `{NCU_COMMANDS.get(phase, 'attnlab ncu --phase ' + phase)}`"
+               f"({label}/ncu); run `{NCU_COMMANDS.get(phase, 'attnlab ncu --phase ' + phase)}`"
                f" on a GPU to add its speed of light, stalls, occupancy and blocks per SM."
                for phase in WANTED_PHASES if phase not in profiled]
     return {
         "available": bool(lists or workloads),
-        "source": str(folder),
-        "empty_message": (f"{folder} holds no {KERNEL_LISTS} and no Nsight Compute CSV of an "
+        "source": label,
+        "empty_message": (f"{label} holds no {KERNEL_LISTS} and no Nsight Compute CSV of an "
                           f"attnlab case."),
         "kernel_lists": lists,
         "kernel_list_default": _default_kernel_list(entries),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.api import last_impl
+from attnlab.dtypes import canonical_dtype
 from attnlab.measure.profile import TraceSummary, classify_trace, load_trace
 from attnlab.model.amdahl import amdahl_speedup
 
@@ -208,7 +209,7 @@ def run_measurement(config=None, *, device="cuda", dtype=None, candidate=None,
     return {
         "model": describe(config), "config": config.as_dict(), "parameters": config.parameters(),
         "device": f"{device_name}, torch {torch.__version__}, {str(dtype).removeprefix('torch.')}",
-        "dtype": {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype),
+        "dtype": canonical_dtype(str(dtype)),
         "baseline": "eager attention (matmul, scale, mask, FP32 softmax, matmul)",
         "candidate": candidate_name, "candidate_impl_ran": impl_ran,
         "repeats": repeats, "warmup": warmup, "statistic": "median",

@@ -55,6 +55,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnlab.measure.outputs import check_out_dir
+
 DEFAULT_OUT = "attnlab-results"
 BUDGET_SPENT = "not measured: the run's time budget was spent before this point"
 # Labels of unmeasured points shown in the closing notes; the count says the rest.
@@ -165,31 +167,6 @@ class Context:
         time limit keeps every row it logged)."""
         with self.path(name).open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row, default=str) + "\n")
-
-
-def _package_dir() -> Path:
-    return Path(__file__).resolve().parents[1]
-
-
-def check_out_dir(text: str | os.PathLike, option: str = "--out") -> Path:
-    """The output folder the user named, checked before any work (never created here):
-    not empty, not a file or under one, and never inside the installed package."""
-    if not str(os.fspath(text)).strip():
-        raise ValueError(f"{option} must name a folder, got an empty path")
-    folder = Path(text)
-    blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
-    if blocking == folder:
-        raise ValueError(f"{option} must be a folder (created if missing); {str(folder)!r} is "
-                         f"{'a file' if folder.is_file() else 'not a folder'}")
-    if blocking is not None:
-        raise ValueError(f"{option}: {str(folder)!r} is under {str(blocking)!r}, which is not "
-                         f"a folder")
-    package = _package_dir()
-    resolved = folder.resolve()
-    if resolved == package or package in resolved.parents:
-        raise ValueError(f"{option} {str(folder)!r} is inside the attnlab package ({package}): "
-                         f"results never go into the package; name a folder of your own")
-    return folder
 
 
 class Bench:

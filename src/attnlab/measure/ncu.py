@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnlab.checks import read_regular_file
 from attnlab.shapes import AttentionShape
 
 STALL_REASONS = (
@@ -328,8 +329,10 @@ def parse_details_csv(text: str) -> list[NcuKernel]:
 
 def parse_csv(source: str | Path) -> list[NcuKernel]:
     """Parse an ncu CSV (a path or its text) in any of the three formats."""
-    text = Path(source).read_text(encoding="utf-8") if isinstance(source, Path) or (
-        isinstance(source, str) and "\n" not in source and Path(source).exists()) else source
+    is_path = isinstance(source, Path) or (isinstance(source, str) and "\n" not in source
+                                           and Path(source).exists())
+    text = (read_regular_file(source, "ncu CSV").decode("utf-8", errors="replace") if is_path
+            else source)
     first = next((line for line in text.splitlines() if line and not line.startswith("==")), "")
     if first.startswith("id,nvtx_range_and_kernel"):
         return parse_long_csv(text)

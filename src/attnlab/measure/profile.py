@@ -25,8 +25,13 @@ Two kinds of trace, detected automatically:
 ``f = attention / (attention + gemm + other + idle)``; on a single CUDA stream the
 denominator is exactly the span, so ``f`` is the share Amdahl's law applies to.
 
-How an event is classified -- the first rule that matches wins; every pattern is a
-case-insensitive regular expression searched in the name (``re.search``):
+How an event is classified -- the first rule that matches wins; every pattern is plain
+text found in the name, case-insensitively: ``softmax`` matches ``cunn_SoftMaxForward``;
+a leading ``^`` ties it to the name's start and a trailing ``$`` to its end
+(``^attention$`` is the whole name).  Patterns are not regular expressions: a
+user-supplied one such as ``(a+)+$`` could take hours on one long kernel name, while a
+substring test is linear.  Regex syntax (``\\ * + ? | ( ) [ ] { }``) is refused by name,
+so a pattern written as a regex is never silently read as text.
 
 1. its own name, or the name of a CPU op it runs inside, matches ``attention``;
 2. it runs inside a scope whose name matches ``attention_scopes``: a
@@ -49,15 +54,16 @@ attention      ``flash``, ``fmha``, ``sdpa``, ``attn``,              flash_fwd_k
                                                                      cunn_SoftMaxForward,
                                                                      aten::_softmax,
                                                                      aten::_scaled_dot_product_*
-attention      ``^attention$``,                                      ``record_function``
-scopes         ``^(core|self|sdpa|flash)[_ ]?attention$``,           ranges named attention;
-               ``scaled_dot_product``, ``flash_attn``,               SDPA's math path (bmm
-               ``^attnlab::``                                        kernels under it);
-                                                                     flash-attn / attnlab ops
+attention      ``^attention$``, ``^core_attention$``,                ``record_function``
+scopes         ``^self attention$`` ... (core, self, sdpa, flash,   ranges named attention;
+               each with ``_``, a space or nothing before           SDPA's math path (bmm
+               ``attention``), ``scaled_dot_product``,              kernels under it);
+               ``flash_attn``, ``^attnlab::``                        flash-attn / attnlab ops
 gemm           ``gemm``, ``gemv``, ``cutlass``, ``cublas``,          sm90_xmma_gemm_*,
                ``xmma``, ``wgmma``, ``nvjet``, ``matmul``,           cutlass::Kernel,
-               ``^aten::(mm|bmm|addmm|baddbmm|addbmm|mv|dot|         nvjet_* (cuBLAS on
-               linear|_addmm_activation|_scaled_mm)$``              Hopper), aten::mm ...
+               ``^aten::mm$``, ``^aten::bmm$``, ``^aten::addmm$``    nvjet_* (cuBLAS on
+               ... (mm, bmm, addmm, baddbmm, addbmm, mv, dot,       Hopper), aten::mm ...
+               linear, _addmm_activation, _scaled_mm)
 ============== ==================================================== ==========================
 
 Why a scope rule: eager attention's ``Q K^T`` and ``P V`` are batched matrix
@@ -81,10 +87,12 @@ import math
 import re
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from attnlab.checks import open_regular_file, quote
 
 CLASSES = ("attention", "gemm", "other")
 TRACE_PARTS = ("attention", "gemm", "other", "idle")
@@ -95,18 +103,24 @@ DEFAULT_PATTERNS: dict[str, tuple[str, ...]] = {
         r"flash", r"fmha", r"sdpa", r"attn", r"attention", r"softmax", r"scaled_dot_product",
     ),
     "attention_scopes": (
-        r"^attention$",
-        r"^(core|self|sdpa|flash)[_ ]?attention$",
-        r"scaled_dot_product",
-        r"flash_attn",
-        r"^attnlab::",
+        "^attention$",
+        *(f"^{who}{joint}attention$" for who in ("core", "self", "sdpa", "flash")
+          for joint in ("_", " ", "")),
+        "scaled_dot_product",
+        "flash_attn",
+        "^attnlab::",
     ),
     "gemm": (
-        r"gemm", r"gemv", r"cutlass", r"cublas", r"xmma", r"wgmma", r"nvjet", r"matmul",
-        r"_mm_", r"bmm", r"triton_tem_fused_mm",
-        r"^aten::(mm|bmm|addmm|baddbmm|addbmm|mv|dot|linear|_addmm_activation|_scaled_mm)$",
+        "gemm", "gemv", "cutlass", "cublas", "xmma", "wgmma", "nvjet", "matmul",
+        "_mm_", "bmm", "triton_tem_fused_mm",
+        *(f"^aten::{op}$" for op in ("mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "dot",
+                                     "linear", "_addmm_activation", "_scaled_mm")),
     ),
 }
+# Characters that mean something in a regular expression and never in attnlab's plain
+# patterns (^ and $ are taken at the ends only): refused, so a regex is not read as text.
+REGEX_SYNTAX = frozenset("\\*+?|()[]{}")
+MAX_PATTERN_LENGTH = 200
 
 # Reading limits: a trace is a profiler export of seconds of work, tens of MB at most.
 # Past these it is refused before it is expanded (a 2 MB gzip can hold 4 GB of JSON).
@@ -201,21 +215,48 @@ def resolve_patterns(overrides: dict[str, Any] | None = None) -> dict[str, tuple
         if key not in PATTERN_KEYS:
             raise ValueError(f"trace_patterns: unknown class {key!r}; allowed: "
                              f"{', '.join(PATTERN_KEYS)}")
-        if isinstance(value, str) or not value:
-            raise ValueError(f"trace_patterns.{key} must be a non-empty list of regular expressions")
-        for i, pattern in enumerate(value):
-            try:
-                re.compile(pattern)
-            except (re.error, TypeError) as error:
-                raise ValueError(f"trace_patterns.{key}[{i}] is not a valid regular expression: "
-                                 f"{error}") from None
-        patterns[key] = tuple(value)
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+            raise ValueError(f"trace_patterns.{key} must be a non-empty list of plain-text "
+                             f"patterns")
+        patterns[key] = tuple(check_pattern(p, f"trace_patterns.{key}[{i}]")
+                              for i, p in enumerate(value))
     return patterns
+
+
+def check_pattern(pattern: Any, where: str) -> str:
+    """A plain-text pattern (module docstring): a non-empty string of at most
+    ``MAX_PATTERN_LENGTH`` characters with no regex syntax, ``^``/``$`` only at its ends."""
+    if not isinstance(pattern, str) or not pattern.strip("^$"):
+        raise ValueError(f"{where} must be a non-empty text pattern, got {quote(pattern)}")
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        raise ValueError(f"{where} must be at most {MAX_PATTERN_LENGTH} characters, got "
+                         f"{len(pattern):,}")
+    body = pattern[pattern.startswith("^"):len(pattern) - pattern.endswith("$")]
+    syntax = sorted({c for c in body if c in REGEX_SYNTAX or c in "^$"})
+    if syntax:
+        raise ValueError(f"{where} {quote(pattern)} holds {' '.join(syntax)}: patterns are "
+                         f"plain text found in the name (case-insensitive; ^ at the start and "
+                         f"$ at the end anchor), not regular expressions; list alternatives "
+                         f"as separate patterns")
+    return pattern
+
+
+def _plain_matcher(pattern: str) -> Callable[[str], bool]:
+    """``pattern`` as a test on a lower-cased name: a substring, prefix, suffix or whole."""
+    start, end = pattern.startswith("^"), pattern.endswith("$")
+    text = pattern[start:len(pattern) - end].lower()
+    if start and end:
+        return lambda name: name == text
+    if start:
+        return lambda name: name.startswith(text)
+    if end:
+        return lambda name: name.endswith(text)
+    return lambda name: text in name
 
 
 class _Matcher:
     def __init__(self, patterns: dict[str, tuple[str, ...]]) -> None:
-        self.compiled = {key: [(p, re.compile(p, re.IGNORECASE)) for p in patterns[key]]
+        self.compiled = {key: [(p, _plain_matcher(p)) for p in patterns[key]]
                          for key in PATTERN_KEYS}
         self._cache: dict[tuple[str, str], str | None] = {}
 
@@ -224,7 +265,8 @@ class _Matcher:
         cached = self._cache.get((key, name), "")
         if cached != "":
             return cached
-        found = next((p for p, rx in self.compiled[key] if rx.search(name)), None)
+        lowered = name.lower()
+        found = next((p for p, test in self.compiled[key] if test(lowered)), None)
         self._cache[(key, name)] = found
         return found
 
@@ -276,7 +318,7 @@ def load_trace(path: str | Path) -> dict | list:
     """
     path = Path(path)
     try:
-        with path.open("rb") as handle:
+        with open_regular_file(path, "trace file") as handle:
             head = handle.read(2)
             handle.seek(0)
             if head == b"\x1f\x8b":

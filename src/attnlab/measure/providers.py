@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attnlab.checks import quote
+from attnlab.dtypes import TORCH_NAMES, canonical_dtype
 from attnlab.inputs import layout_named
 from attnlab.masking import shape_band
 from attnlab.measure.records import PHASES
@@ -50,7 +51,6 @@ from attnlab.shapes import AttentionShape
 LAYOUTS = ("bhsd", "bshd", "nhd")
 # FlashInfer's NHD, (tokens, heads, head_dim), is attnlab's thd holding one sequence.
 _CORE_LAYOUT = {"bhsd": "bhsd", "bshd": "bshd", "nhd": "thd"}
-_TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
 # Memory we leave free when deciding whether a materialising provider fits: the
 # allocator, the L2 flush buffer and the reference check need room too.
 MEMORY_HEADROOM = 0.80
@@ -82,9 +82,7 @@ class Provider:
 def torch_dtype(name: str):
     import torch
 
-    if name not in _TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPES)}, got {name!r}")
-    return getattr(torch, _TORCH_DTYPES[name])
+    return getattr(torch, TORCH_NAMES[canonical_dtype(name)])
 
 
 def hidden_mask(shape: AttentionShape, device):

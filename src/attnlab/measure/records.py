@@ -26,7 +26,10 @@ Writing is an upsert: a record replaces the stored one with the same key
 ``(kernel, provider, phase, shape, metric, gpu)``, so re-running a command updates
 its rows instead of duplicating them.  Every write also rewrites ``<stem>.records.csv``
 beside the JSONL: one row per record, the shape spread into columns, the reproducing
-command last (FlashInfer's benchmark format), for pandas or a spreadsheet.
+command last (FlashInfer's benchmark format), for pandas or a spreadsheet.  A
+command's absolute paths are written relative to the folder of the records file (an
+``--out /root/out/results/bench`` measured into that folder reads ``--out .``), so no
+record names a path of the machine that measured it.
 
 Where results live: every GPU run writes under ``bench/results/`` in the repository;
 the package ships a curated cut of it (``attnlab/data/results``, named in its
@@ -39,15 +42,18 @@ from __future__ import annotations
 
 import csv
 import importlib.resources
+import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from attnlab.checks import open_regular_file
 from attnlab.shapes import AttentionShape
 
 PHASES = ("prefill", "decode", "fwdbwd")
@@ -96,6 +102,41 @@ def results_dir(records_dir: str | Path | None = None, *, option: str = "--recor
         raise ValueError(f"{option} {str(folder)!r} does not exist: pass a folder of *.jsonl "
                          f"records (or a .jsonl file)")
     return folder
+
+
+# ----- paths in records and pages: never this machine's -------------------------------------
+# An absolute path in a command: at its start, after a space, '=' or a quote.
+_ABSOLUTE_PATH = re.compile(r"""(?<![^\s='"])/[^\s'"]*""")
+
+
+def portable_path(path: str | os.PathLike, base: str | os.PathLike) -> str:
+    """``path`` as a record or a page may hold it: a relative path unchanged; an absolute
+    one relative to ``base`` (``.`` for ``base`` itself) when it lies inside, else by its
+    last component alone, so no path of the machine that ran it is written down."""
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        return text
+    absolute, root = os.path.normpath(text), os.path.normpath(os.path.abspath(base))
+    if absolute == root or absolute.startswith(root.rstrip(os.sep) + os.sep):
+        return os.path.relpath(absolute, root)
+    return os.path.basename(absolute.rstrip(os.sep)) or "."
+
+
+def portable_command(command: str, results_dir: str | os.PathLike) -> str:
+    """A record's reproducing command with every absolute path made relative to the
+    results folder the records are written to (:func:`portable_path`)."""
+    return _ABSOLUTE_PATH.sub(lambda m: portable_path(m.group(0), results_dir), command)
+
+
+def source_label(folder: str | os.PathLike) -> str:
+    """A results folder as a page names it: the shipped results by name, a user's folder
+    relative to the current folder (:func:`portable_path`)."""
+    try:
+        if Path(folder).resolve() == committed_results().resolve():
+            return "attnlab's committed H200 results (attnlab/data/results)"
+    except (FileNotFoundError, OSError):
+        pass
+    return portable_path(folder, Path.cwd())
 
 
 # ----- environment -----------------------------------------------------------------------
@@ -314,7 +355,7 @@ def record_key(record: dict) -> tuple:
 # ----- files ----------------------------------------------------------------------------------
 def _read_jsonl(path: Path) -> list[dict]:
     records = []
-    with path.open(encoding="utf-8") as handle:
+    with io.TextIOWrapper(open_regular_file(path, "records file"), encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -347,7 +388,8 @@ def upsert_records(path: str | Path, records: Iterable[dict]) -> tuple[int, int]
 
     Stored order is kept; replaced records stay in place, new ones are appended.
     Returns (added, replaced).  The file is rewritten atomically, and its tidy CSV
-    (:func:`write_csv`) with it.
+    (:func:`write_csv`) with it.  Absolute paths in a record's ``command`` are written
+    relative to the records file's folder (:func:`portable_command`).
     """
     path = Path(path)
     stored = _read_jsonl(path) if path.exists() else []
@@ -355,6 +397,7 @@ def upsert_records(path: str | Path, records: Iterable[dict]) -> tuple[int, int]
     added = replaced = 0
     for record in records:
         validate_record(record)
+        record = {**record, "command": portable_command(record["command"], path.parent)}
         key = record_key(record)
         if key in index:
             stored[index[key]] = record

@@ -11,15 +11,12 @@ import torch
 
 from attnlab.checks import check_instance, check_scale
 from attnlab.checks import check_softcap as _check_softcap
+from attnlab.dtypes import TORCH_NAMES
 from attnlab.shapes import AttentionShape
 
 # torch dtype -> AttentionShape dtype name (the dtypes the reference accepts).
-TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.float32: "fp32",
-    torch.float64: "fp64",
-}
+TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {getattr(torch, torch_name): name
+                                             for name, torch_name in TORCH_NAMES.items()}
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

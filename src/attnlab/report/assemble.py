@@ -33,6 +33,9 @@ def assemble_report(workload_file: str | Path | None = None, *,
         result = end_to_end.run_measurement(trace_dir=Path(trace_dir or "attnlab-measure"))
         workload = measurement_workload(result)
         trace = summarize_trace(result["trace_files"][0])
+        # The traces lie beside the report: named relative to its folder, never by the
+        # path of the machine that measured.
+        result = {**result, "trace_files": [Path(f).name for f in result["trace_files"]]}
         return attribution.build_report(workload, trace=trace, measurement=result)
 
     if records_path is not None and kernel_speedup is not None:

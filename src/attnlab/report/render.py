@@ -17,6 +17,8 @@ from typing import Any
 
 import jinja2
 
+from attnlab.report.workload import WRITTEN_HEADER, YAML_DOCUMENT_END
+
 TEMPLATES = Path(__file__).with_name("templates")
 # Trace classification rows shown on the page (all of them are in the JSON).
 TRACE_ROWS_ON_PAGE = 1
@@ -428,8 +430,9 @@ def write_report(report: dict, out_dir: str | Path) -> dict[str, Path]:
     paths["report.json"].write_text(render_json(report), encoding="utf-8")
     paths["waterfall.svg"].write_text(waterfall_svg(report) + "\n", encoding="utf-8")
     # The input as parsed: edit it and run `attnlab report workload.yaml` again.
+    # Its header and the final "..." let the reader tell a complete copy from a cut one.
     paths["workload.yaml"].write_text(
-        "# attnlab report workload (schema: docs/report.md)\n"
-        + yaml.safe_dump(report["input"], sort_keys=False, allow_unicode=True, width=100),
-        encoding="utf-8")
+        f"{WRITTEN_HEADER} (schema: docs/report.md)\n"
+        + yaml.safe_dump(report["input"], sort_keys=False, allow_unicode=True, width=100)
+        + f"{YAML_DOCUMENT_END}\n", encoding="utf-8")
     return paths

@@ -37,8 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnlab.checks import as_scalar, check_bool, check_float, check_int, quote
-from attnlab.shapes import DTYPE_BYTES, PRESETS, ModelPreset
+from attnlab.checks import as_scalar, check_bool, check_float, check_int, quote, read_regular_file
+from attnlab.dtypes import canonical_dtype
+from attnlab.measure.profile import check_pattern
+from attnlab.measure.records import portable_path
+from attnlab.shapes import PRESETS, ModelPreset
 
 # Segments may disagree with a measured client total by this much before we warn
 # (the issue's 1%): clock skew and rounding make exact agreement rare.
@@ -223,17 +226,21 @@ def default_workload() -> Workload:
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a YAML or JSON workload file (errors name the file and the field).
 
-    Refused before anything is expanded: files over ``MAX_WORKLOAD_BYTES``, YAML with
-    more than ``MAX_YAML_ALIASES`` aliases (an alias bomb expands a 1 KB file into
-    gigabytes), and nesting deeper than ``MAX_WORKLOAD_DEPTH``.
+    Refused before anything is expanded: anything but a regular file (a FIFO would
+    wait forever), files over ``MAX_WORKLOAD_BYTES``, YAML with more than
+    ``MAX_YAML_ALIASES`` aliases (an alias bomb expands a 1 KB file into gigabytes), and
+    nesting deeper than ``MAX_WORKLOAD_DEPTH``.  A key written twice in one mapping is
+    refused by name (YAML and JSON would keep the last one silently).
+
+    A file cut short must not read as a shorter valid one: JSON cut anywhere is invalid,
+    and a YAML file must end with a line break (a cut inside a line, ``ms: 290.0`` read
+    as ``ms: 29``, leaves none); the ``workload.yaml`` that ``attnlab report --out``
+    writes also ends with YAML's end-of-document line ``...``, required when its header
+    is present, so a cut at a line break is caught too.  ``segments`` and ``proposal``
+    are required in any file.
     """
     path = Path(path)
-    try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_WORKLOAD_BYTES + 1)
-    except OSError as error:
-        raise ValueError(f"workload file {quote(str(path))} cannot be read: "
-                         f"{error.strerror or error}") from error
+    raw = read_regular_file(path, "workload file", MAX_WORKLOAD_BYTES + 1)
     if len(raw) > MAX_WORKLOAD_BYTES:
         raise ValueError(f"{path.name}: larger than {MAX_WORKLOAD_BYTES:,} bytes; a workload "
                          f"file describes one request in a few lines")
@@ -243,18 +250,55 @@ def load_workload(path: str | Path) -> Workload:
         raise ValueError(f"{path.name}: not UTF-8 text") from None
     if path.suffix.lower() == ".json":
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys)
+        except DuplicateKey as error:
+            raise ValueError(f"{path.name}: {error}") from None
         except json.JSONDecodeError as error:
             raise ValueError(f"{path.name}: not valid JSON: {error.msg} at line {error.lineno}") from error
         except RecursionError:
             raise ValueError(f"{path.name}: nested more deeply than JSON can be read") from None
     else:
+        _check_complete_yaml(text, path.name)
         data = _load_yaml(text, path.name)
     _check_depth(data, path.name)
-    try:
-        return parse_workload(data, origin=str(path))
+    try:  # the report page names the file as given, never by this machine's path
+        return parse_workload(data, origin=portable_path(path, Path.cwd()))
     except ValueError as error:
         raise ValueError(f"{path.name}: {error}") from error
+
+
+# The first line of the workload.yaml attnlab writes; such a file must end with "...".
+WRITTEN_HEADER = "# attnlab report workload"
+YAML_DOCUMENT_END = "..."
+
+
+class DuplicateKey(ValueError):
+    """A mapping that names one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """json's object_pairs_hook: a dict, or DuplicateKey naming the repeated key."""
+    mapping: dict = {}
+    for key, value in pairs:
+        if key in mapping:
+            raise DuplicateKey(f"the key {quote(key)} appears twice in one mapping; write it "
+                               f"once (JSON would keep the last one silently)")
+        mapping[key] = value
+    return mapping
+
+
+def _check_complete_yaml(text: str, name: str) -> None:
+    """Refuse a YAML workload that shows it was cut short (see :func:`load_workload`)."""
+    if not text.strip():
+        return  # empty: refused by the schema ("must be a mapping")
+    if not text.endswith(("\n", "\r")):
+        raise ValueError(f"{name}: does not end with a line break, so it may have been cut "
+                         f"short; if it is complete, end it with a newline")
+    if text.startswith(WRITTEN_HEADER):
+        last = next(line for line in reversed(text.splitlines()) if line.strip())
+        if last.strip() != YAML_DOCUMENT_END:
+            raise ValueError(f"{name}: attnlab wrote this file with a final "
+                             f"'{YAML_DOCUMENT_END}' line and it has none: it was cut short")
 
 
 def _load_yaml(text: str, name: str) -> Any:
@@ -280,6 +324,20 @@ def _load_yaml(text: str, name: str) -> Any:
                 return super().compose_node(parent, index)
             finally:
                 self.depth -= 1
+
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in getattr(node, "value", ()):
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue  # '<<: *base' then a key of its own is YAML's override, fine
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise ValueError(f"{name}: the key {quote(key)} appears twice in one "
+                                     f"mapping (lines {seen[key]} and {line}); write it once "
+                                     f"(YAML would keep the last one silently)")
+                seen[key] = line
+            return super().construct_mapping(node, deep)
 
     try:
         return yaml.load(text, Loader=BoundedLoader)  # BoundedLoader is a SafeLoader
@@ -435,10 +493,7 @@ def _parse_model(data: Any) -> ModelWorkload:
         if data.get(name) is not None:
             values[name] = _positive_int(data[name], f"workload.{name}")
     if data.get("dtype") is not None:
-        dtype = data["dtype"]
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"workload.dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
-        values["dtype"] = dtype
+        values["dtype"] = canonical_dtype(data["dtype"], "workload.dtype")
     model = ModelWorkload(**values)
     if model.query_heads and model.kv_heads and model.query_heads % model.kv_heads:
         raise ValueError(f"workload.kv_heads ({model.kv_heads}) must divide workload.query_heads "
@@ -578,16 +633,10 @@ def _parse_patterns(data: Any) -> dict[str, tuple[str, ...]] | None:
     patterns: dict[str, tuple[str, ...]] = {}
     for key, value in data.items():
         if not isinstance(value, list) or not value:
-            raise ValueError(f"trace_patterns.{key} must be a non-empty list of regular "
-                             f"expressions, got {_kind(value)}")
-        for i, pattern in enumerate(value):
-            where = f"trace_patterns.{key}[{i}]"
-            _text(pattern, where)
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                raise ValueError(f"{where} is not a valid regular expression: {error}") from None
-        patterns[key] = tuple(value)
+            raise ValueError(f"trace_patterns.{key} must be a non-empty list of plain-text "
+                             f"patterns, got {_kind(value)}")
+        patterns[key] = tuple(check_pattern(p, f"trace_patterns.{key}[{i}]")
+                              for i, p in enumerate(value))
     return patterns
 
 
