@@ -111,11 +111,9 @@ class Context:
         return self._env
 
     # ----- budget --------------------------------------------------------------------------
-    def remaining(self) -> float:
-        """Seconds this phase has left (its cap or the run's budget, whichever ends first)."""
-        return self.deadline - time.monotonic()
-
     def spent(self) -> bool:
+        """True once this phase's time (its cap or the run's budget, whichever ends first)
+        is over."""
         return time.monotonic() > self.deadline
 
     def within_budget(self, items: Iterable, label: Callable = str) -> Iterator:
