@@ -653,3 +653,28 @@ def test_gpu_triton_ops_pass_opcheck(layout):
     for grad_lse in (None, dlse):
         torch.library.opcheck(flash_bwd_op, (dout, grad_lse, q.detach(), k.detach(), v.detach(),
                                              out.detach(), lse.detach(), *options))
+
+
+# Variants whose dQ kernel Triton 3.6.0's ptxas could not build with the old two-stage
+# tiles at head dims 16/32 (SIGSEGV; bench/ptxas_configs.py): the chosen tiles must build.
+PTXAS_CRASHED = [  # head_dim, causal, dtype, softcap, varlen
+    (16, False, "bf16", True, False), (16, True, "bf16", False, False),
+    (16, True, "fp16", False, True), (32, False, "fp16", True, True),
+    (32, True, "bf16", False, False), (32, True, "fp16", True, True),
+]
+
+
+@pytest.mark.slow
+def test_the_chosen_tiles_build_for_sm90_where_ptxas_crashed(json_from_fresh_python):
+    # A fresh Python without TRITON_INTERPRET: the compiler needs the jitted kernels.
+    built = json_from_fresh_python(
+        "import json; from attnlab.kernels.backward import compile_for_sm90; "
+        "from attnlab.kernels.configs import backward_config; "
+        "from attnlab.shapes import AttentionShape; built = []\n"
+        f"for d, causal, dtype, softcap, varlen in {PTXAS_CRASHED!r}:\n"
+        "    shape = AttentionShape(head_dim=d, causal=causal, seqlen_q=4096, seqlen_k=4096)\n"
+        "    kernels = compile_for_sm90(d, backward_config(shape), dtype=dtype, causal=causal,"
+        " softcap=softcap, varlen=varlen)\n"
+        "    built.append(all(bool(k.asm['cubin']) for k in kernels))\n"
+        "print(json.dumps(built))")
+    assert built == [True] * len(PTXAS_CRASHED)

@@ -144,14 +144,17 @@ INTERPRETER_BACKWARD_CONFIG = BackwardConfig(32, 64, 64, 32, num_warps=4, num_st
 # shapes: K/V-stationary 128 keys against 64-row query tiles at d <= 128; at d = 256 the
 # fp32 dK and dV accumulators alone take 2 * 64 * 256 * 4 B = 128 KiB, so the owned
 # key block halves).  bench/backward_h200.py's sweep replaces these with measured winners.
+# Head dims 8-32 take one stage: with two, Triton 3.6.0's ptxas dies (SIGSEGV) building
+# the dQ kernel for 16 of the 64 dtype x causal x softcap x varlen variants at d = 16/32
+# (other tiles fail elsewhere); with one, all 64 build (bench/ptxas_configs.py, NOTES B15).
 _BACKWARD_BASE: dict[tuple[int, bool], BackwardConfig] = {
-    (16, False): BackwardConfig(64, 128, 128, 64, 8, 2),
-    (32, False): BackwardConfig(64, 128, 128, 64, 8, 2),
+    (16, False): BackwardConfig(64, 128, 128, 64, 8, 1),
+    (32, False): BackwardConfig(64, 128, 128, 64, 8, 1),
     (64, False): BackwardConfig(64, 128, 128, 64, 8, 2),
     (128, False): BackwardConfig(64, 128, 128, 64, 8, 2),
     (256, False): BackwardConfig(64, 64, 64, 64, 8, 1),
-    (16, True): BackwardConfig(64, 128, 128, 64, 8, 2),
-    (32, True): BackwardConfig(64, 128, 128, 64, 8, 2),
+    (16, True): BackwardConfig(64, 128, 128, 64, 8, 1),
+    (32, True): BackwardConfig(64, 128, 128, 64, 8, 1),
     (64, True): BackwardConfig(64, 128, 128, 64, 8, 2),
     (128, True): BackwardConfig(64, 128, 128, 64, 8, 2),
     (256, True): BackwardConfig(64, 64, 64, 64, 8, 1),
