@@ -22,7 +22,6 @@ from attnlab.accuracy import check_gradients
 from attnlab.kernels._primitives import kernel_is_interpreted
 from attnlab.kernels._sm90 import SHARED_MEMORY_LIMIT
 from attnlab.kernels.backward_sm90 import (
-    BUILT_FOR_TRITON,
     DEFAULT_CONFIGS,
     Sm90BackwardConfig,
     refusal,
@@ -30,8 +29,8 @@ from attnlab.kernels.backward_sm90 import (
 )
 from sm90_marks import built_here, sm90
 
-ALLOWED = dict(capability=(9, 0), triton_version=BUILT_FOR_TRITON[0], dtype=torch.bfloat16,
-               head_dim=128, window=(-1, -1), softcap=0.0, layout="bshd", aligned=True)
+ALLOWED = dict(capability=(9, 0), dtype=torch.bfloat16, head_dim=128, window=(-1, -1),
+               softcap=0.0, layout="bshd", aligned=True)
 
 
 # ----- refusals (CPU) ---------------------------------------------------------------------
@@ -43,7 +42,6 @@ def test_the_covered_call_is_accepted():
 @pytest.mark.parametrize(("change", "words"), [
     ({"capability": None}, "sm_90"),
     ({"capability": (8, 0)}, "sm_80"),
-    ({"triton_version": "3.7.1"}, "3.7.1"),
     ({"dtype": torch.float32}, "dtype"),
     ({"head_dim": 256}, "head_dim"),
     ({"head_dim": 96}, "head_dim"),
