@@ -138,7 +138,7 @@ class TmaSlot:
 
     @staticmethod
     def supported(fields: dict, meta: dict) -> bool:
-        """A tiled, unpadded-fp4, non-tf32 descriptor, with an encoder this module knows."""
+        """A tiled descriptor (not fp4-padded, not rounded to tf32) and an encoder to call."""
         return not (meta.get("fp4_padded") or meta.get("is_im2col")
                     or fields.get("round_f32_to_tf32")
                     or tma_fill_name(driver.active.utils) is None)
