@@ -23,7 +23,6 @@ import torch
 from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels.forward_sm90 import (
-    BUILT_FOR_TRITON,
     DEFAULT_CONFIGS,
     SCHEDULES,
     Sm90Config,
@@ -38,8 +37,8 @@ SEQLEN_PAIRS += [(b, a) for a, b in SEQLEN_PAIRS if a != b]
 HEAD_DIMS = [64, 128, 256]
 HEADS = [(2, 2), (6, 2), (3, 1)]  # MHA, GQA 3:1, MQA
 
-ALLOWED = dict(capability=(9, 0), triton_version=BUILT_FOR_TRITON[0], dtype=torch.bfloat16,
-               head_dim=128, window=(-1, -1), softcap=0.0, aligned=True)
+ALLOWED = dict(capability=(9, 0), dtype=torch.bfloat16, head_dim=128, window=(-1, -1),
+               softcap=0.0, aligned=True)
 
 
 # ----- refusals (CPU) ---------------------------------------------------------------------
@@ -52,7 +51,6 @@ def test_the_covered_call_is_accepted():
     ({"capability": None}, "sm_90"),
     ({"capability": (8, 0)}, "sm_80"),
     ({"capability": (10, 0)}, "sm_100"),
-    ({"triton_version": "3.5.1"}, "3.5.1"),
     ({"dtype": torch.float32}, "dtype"),
     ({"head_dim": 96}, "head_dim"),
     ({"head_dim": 32}, "head_dim"),
@@ -264,6 +262,23 @@ def test_dispatch_table_holds_only_measured_winners():
     entries = json.loads(files("attnlab.kernels").joinpath("sm90_dispatch.json").read_text())["entries"]
     assert entries and all(e["sm90_vs_triton"] > 1.0 for e in entries)
     assert set(_dispatch_table()) == {(e["head_dim"], e["causal"], e["bucket"]) for e in entries}
+
+
+def test_dispatch_uses_this_tritons_entries_or_says_whose_stand_in():
+    import json
+    from importlib.resources import files
+
+    from attnlab.kernels._sm90 import select_entries
+
+    table = {"source": {"triton": "3.6.0"}, "entries": [
+        {"bucket": 1024}, {"bucket": 4096, "triton": "3.6.0"}, {"bucket": 4096, "triton": "3.9.0"}]}
+    assert select_entries(table, "3.9.0") == ([table["entries"][2]], None)
+    assert select_entries(table, "3.6.0") == (table["entries"][:2], None)
+    entries, note = select_entries(table, "3.8.0")  # nothing measured on 3.8.0
+    assert entries == table["entries"][:2] and "3.8.0" in note and "3.6.0" in note
+    for name in ("sm90_dispatch.json", "sm90_backward_dispatch.json"):  # each names its Triton
+        committed = json.loads(files("attnlab.kernels").joinpath(name).read_text())
+        assert all(e["triton"] for e in committed["entries"])
 
 
 def test_cpu_tensors_never_dispatch_to_gluon():

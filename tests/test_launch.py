@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import gc
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
-import triton
 
 from attention_inputs import make_qkv
+from attnlab.kernels._compat import direct_launch_refusal, launcher_convention
 from attnlab.kernels._launch import (
-    DIRECT_LAUNCH_TRITON,
     DirectLauncher,
     PlanCache,
     _arg_class,
@@ -50,7 +50,7 @@ def test_a_launch_missing_a_constexpr_is_an_attnlab_bug(monkeypatch):
         class fn:  # noqa: N801 - mirrors JITFunction.fn
             __name__ = "k"
 
-    monkeypatch.setattr("attnlab.kernels._launch.triton.__version__", "3.6.0")
+    monkeypatch.setattr("attnlab.kernels._launch.direct_launch_refusal", lambda: None)
     monkeypatch.setattr("attnlab.kernels._launch.kernel_is_interpreted", lambda: False)
     with pytest.raises(RuntimeError, match="constexpr"):
         launcher, args, meta = DirectLauncher(Kernel()), (torch.zeros(1), 3), {"num_warps": 4}
@@ -138,38 +138,124 @@ def test_launch_hooks_are_passed_only_while_one_is_registered():
     assert _hooks() == (None, None)
 
 
-@pytest.mark.skipif(triton.__version__ not in DIRECT_LAUNCH_TRITON,
-                    reason=f"the direct launch path is for Triton {DIRECT_LAUNCH_TRITON}")
-def test_compiled_launch_finds_the_c_launcher_under_tritons_descriptor_wrapper():
-    # CompiledLaunch reads the C launcher out of wrap_handle_tensordesc's closure and
-    # calls it with final arguments: checked here against this Triton's own wrapper
-    # (no GPU needed), so an internal rename shows up as a failure, not as a slow path.
-    from types import SimpleNamespace
+direct_here = pytest.mark.skipif(direct_launch_refusal() is not None,
+                                 reason=f"no direct launch here: {direct_launch_refusal()}")
 
-    from triton.backends.nvidia.driver import wrap_handle_tensordesc
 
-    from attnlab.kernels._launch import CompiledLaunch
+def fake_compiled(meta, signature):
+    """A CompiledKernel of ``signature`` around this Triton's own CudaLauncher, built
+    without a GPU: Triton 3.6's compiles a C module per kernel, so its launcher is
+    assembled as its __init__ would; 3.7+'s __init__ runs (it compiles nothing), on the
+    fake driver the caller installed."""
+    from triton.backends.nvidia.driver import CudaLauncher, wrap_handle_tensordesc
+
+    from attnlab.kernels import _launch
+
+    metadata = SimpleNamespace(tensordesc_meta=[meta] if meta else None, num_ctas=1,
+                               global_scratch_size=0, global_scratch_align=1,
+                               profile_scratch_size=0, profile_scratch_align=1,
+                               launch_cooperative_grid=False, launch_pdl=False,
+                               instrumentation_mode="")
+    if launcher_convention(CudaLauncher) == "variadic":
+        names = list(signature)
+        src = SimpleNamespace(constants={}, fn=SimpleNamespace(arg_names=names),
+                              signature=signature)
+        run = CudaLauncher(src, metadata)
+    else:
+        run = object.__new__(CudaLauncher)
+        run.__dict__.update({k: v for k, v in vars(metadata).items() if k != "tensordesc_meta"})
+        run.launch = wrap_handle_tensordesc(_launch.driver.active.utils.launch,
+                                            dict(enumerate(signature.values())),
+                                            metadata.tensordesc_meta)
+    return SimpleNamespace(run=run, metadata=metadata, function=7, packed_metadata=(4, 1, 0),
+                           launch_metadata=lambda *args: None)
+
+
+@pytest.fixture
+def fake_cuda_driver(monkeypatch):
+    """Triton's active driver replaced by one whose C functions record their calls: the
+    launcher, the TMA encoder (under both its names) and the signature packer."""
+    import triton.backends.nvidia.driver as nvidia_driver
+    from triton.runtime import driver
 
     calls = []
 
-    def c_launcher(*args):
-        calls.append(args)
+    def fill(pointer, *encoding):  # a stand-in CUtensorMap that shows what was encoded
+        return ("map", pointer, repr([list(e) if isinstance(e, tuple) else e
+                                      for e in encoding]))
 
-    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [64, 64],
+    utils = SimpleNamespace(launch=lambda *args: calls.append(args), fill_tma_descriptor=fill,
+                            fill_tma_descriptor_tiled=fill,
+                            build_signature_metadata=lambda types: repr(types).encode())
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(
+        utils=utils, get_current_device=lambda: 0, get_current_stream=lambda device: 77))
+    # The annotations 3.7+ builds come from the C utils module: plain tuples stand in.
+    monkeypatch.setattr(nvidia_driver, "PyKernelArg",
+                        lambda nested_tuple, type: (type, nested_tuple), raising=False)
+    for i, name in enumerate(("ARG_CONSTEXPR", "ARG_KERNEL", "ARG_TUPLE")):
+        monkeypatch.setattr(nvidia_driver, name, i, raising=False)
+    return SimpleNamespace(calls=calls, utils=utils)
+
+
+@direct_here
+def test_compiled_launch_finds_the_c_launcher_under_tritons_descriptor_wrapper(
+        fake_cuda_driver):
+    # CompiledLaunch reads the C launcher out of wrap_handle_tensordesc's closure and
+    # calls it with final arguments: checked here against this Triton's own wrapper
+    # (no GPU needed), so an internal rename shows up as a failure, not as a slow path.
+    from triton.runtime.jit import mangle_type
+
+    from attnlab.kernels._launch import CompiledLaunch
+    from attnlab.kernels._sm90 import descriptor
+
+    example = torch.zeros(1, 64, 1, 64, dtype=torch.bfloat16)
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [1, 1, 64, 64],
             "fp4_padded": False}
-    wrapped = wrap_handle_tensordesc(c_launcher, {0: "tensordesc<bf16[64,64]>", 1: "*bf16"},
-                                     [meta])
-    assert wrapped is not c_launcher
-    run = SimpleNamespace(launch=wrapped, global_scratch_size=0, profile_scratch_size=0,
-                          launch_cooperative_grid=False, launch_pdl=False)
-    compiled = SimpleNamespace(run=run, metadata=SimpleNamespace(tensordesc_meta=[meta]),
-                               function=7, packed_metadata=(4, 1, 0))
+    compiled = fake_compiled(meta, {"desc": mangle_type(descriptor(example, "bshd", 64)),
+                                    "X": "*bf16"})
     launch = CompiledLaunch(compiled)
-    assert launch.c_launch is c_launcher and launch.direct
+    assert compiled.run.launch is not launch.c_launch  # the wrapper was seen through
+    assert launch.c_launch is fake_cuda_driver.utils.launch and launch.direct
     assert launch.tensordesc_meta == (meta,)
     # With scratch memory to allocate, Triton's own path stays in charge.
-    run.global_scratch_size = 128
+    compiled.run.global_scratch_size = 128
     assert not CompiledLaunch(compiled).direct
+
+
+@direct_here
+def test_a_direct_gluon_launch_passes_the_c_launcher_what_tritons_own_path_passes(
+        fake_cuda_driver):
+    # The planned launch (descriptors encoded by TmaSlot, CompiledLaunch.raw) against
+    # Triton's own CudaLauncher on the same arguments: the C launcher must receive the
+    # same call, in whichever convention this Triton's launcher has.
+    from triton.runtime.jit import mangle_type
+
+    from attnlab.kernels._launch import CompiledLaunch
+    from attnlab.kernels._sm90 import PlannedDescriptor, PlannedGluonLaunch, descriptor_parts
+
+    q = torch.randn(1, 64, 2, 64).to(torch.bfloat16)
+    parts = descriptor_parts(q, "bshd", 64)
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [1, 1, 64, 64],
+            "fp4_padded": False}
+    planned_descriptor = PlannedDescriptor(q, parts)
+    signature = {"q_desc": mangle_type(planned_descriptor(q)), "O": "*bf16", "n": "i32",
+                 "BLOCK": "constexpr"}
+    compiled = fake_compiled(meta, signature)
+    out = torch.empty_like(q)
+    # Triton's own path: JITFunction.run's call of CompiledKernel.run, no hooks registered.
+    compiled.run(3, 1, 1, 77, compiled.function, compiled.packed_metadata, None, None, None,
+                 planned_descriptor(q), out, 5, 64)
+    kernel = SimpleNamespace(arg_names=list(signature))
+    cache = {"key": CompiledLaunch(compiled)}
+    planned = PlannedGluonLaunch(cache, kernel, (3,), (planned_descriptor,), (5,),
+                                 {"BLOCK": 64}, "key", 240)
+    planned((q,), (out,))
+    assert planned.launch is cache["key"]  # it went direct
+    # (Triton hands 3.7+'s variadic launcher its arguments as a list, the direct path as a
+    # tuple: the C launcher reads either as a sequence.)
+    own, direct = ([tuple(a) if isinstance(a, list) else a for a in call]
+                   for call in fake_cuda_driver.calls)
+    assert direct == own
 
 
 def test_a_tma_slot_encodes_again_only_for_a_new_pointer():

@@ -5,8 +5,9 @@ host time for the Gluon forward's 22 arguments on the H200's host, against 12-16
 the compiled kernel's own launcher (bench/host_cost_h200.py, session 4 run 4).  At
 N = 1k a training step is host-bound (bench/NOTES.md, B5), so the launchers keep each
 compiled kernel under the key Triton itself specialises on and call its launcher
-directly after the first call.  That uses Triton 3.6 internals (``CompiledKernel.run``'s
-argument order), so every other version keeps ``kernel[grid](...)``.
+directly after the first call.  That uses Triton internals (what ``CompiledKernel.run``
+hands its C function), which changed in 3.7: kernels/_compat.py probes which convention
+this Triton's launcher has, and a Triton it does not recognise keeps ``kernel[grid](...)``.
 
 Above the launches sit the launchers' plans (``PlanCache``, ``PlannedLaunch``): what a
 call's sizes, strides, dtypes, alignment and options decide (tiles, kernel choice,
@@ -17,14 +18,16 @@ signature, so a repeated call only allocates its outputs and launches.
 from __future__ import annotations
 
 import torch
-import triton
 from triton import knobs
 from triton.runtime import driver
 
+from attnlab.kernels._compat import (
+    direct_launch_refusal,
+    launch_options,
+    launcher_convention,
+    tma_fill_name,
+)
 from attnlab.kernels._primitives import kernel_is_interpreted
-
-# The Triton releases whose compiled-kernel launcher this module calls directly.
-DIRECT_LAUNCH_TRITON = ("3.6.0",)
 
 
 def int_class(value: int) -> tuple[bool, bool, bool]:
@@ -33,7 +36,7 @@ def int_class(value: int) -> tuple[bool, bool, bool]:
 
 
 class CompiledLaunch:
-    """One compiled kernel launched through its C launcher (Triton 3.6).
+    """One compiled kernel launched through its C launcher.
 
     ``CompiledKernel.run`` spends per launch what is fixed per kernel: it builds launch
     metadata and calls the enter and exit hook chains even when they are empty, sizes
@@ -42,8 +45,12 @@ class CompiledLaunch:
     75 us of the Gluon dK/dV launch with six descriptors (session 7 run 1, cProfile).
     ``__call__`` takes Triton's bound arguments and skips the empty hooks; ``raw`` takes
     the C launcher's final arguments (descriptors already encoded, ``TmaSlot``) and
-    exists only where ``direct``: the kernel needs no scratch memory and its launcher
-    is the one this module knows how to call."""
+    exists only where ``direct``: the kernel needs no scratch memory (nor GSan's extra
+    arguments) and its launcher follows a convention ``_compat.launcher_convention``
+    knows: Triton 3.6's launcher compiled per kernel takes the kernel's arguments one by
+    one after the scratch buffers, metadata and hooks; 3.7's one variadic launcher takes
+    metadata and hooks first, then the scratch buffers, the arguments' annotations and C
+    signature, and the arguments as one sequence."""
 
     def __init__(self, compiled) -> None:
         run = compiled.run
@@ -54,15 +61,33 @@ class CompiledLaunch:
             c_launch = {name: cell.cell_contents for name, cell in cells}.get("launcher")
         self.compiled, self.c_launch = compiled, c_launch
         self.tensordesc_meta = tuple(getattr(compiled.metadata, "tensordesc_meta", None) or ())
-        self.direct = c_launch is not None and not (run.global_scratch_size
-                                                    or run.profile_scratch_size)
-        self.fixed = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None,
-                      None, compiled.packed_metadata)
+        convention = launcher_convention(type(run))
+        self.direct = (c_launch is not None and convention is not None
+                       and not (run.global_scratch_size or run.profile_scratch_size
+                                or getattr(run, "gsan_enabled", False)))
+        self.variadic = convention == "variadic"
+        if self.variadic:
+            self.fixed = (compiled.function, run.launch_cooperative_grid, run.launch_pdl,
+                          compiled.packed_metadata)
+            self.after_hooks = (None, None, run.arg_annotations, run.kernel_signature)
+            # The variadic launcher reads as many arguments as it has annotations without
+            # counting what it was given: a launch must pass exactly that many (``takes``).
+            self.arity = len(run.arg_annotations)
+        else:
+            self.fixed = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None,
+                          None, compiled.packed_metadata)
+            self.after_hooks, self.arity = (), None
+
+    def takes(self, count: int) -> bool:
+        """Whether the C launcher takes ``count`` final arguments (a per-kernel launcher
+        checks its own count and raises)."""
+        return self.arity is None or self.arity == count
 
     def __call__(self, grid: tuple[int, ...], bound_args: tuple) -> None:
-        """Triton 3.6's JITFunction.run after its cache lookup, with every parameter in
-        signature order (the constexprs ride along; the launcher skips them)."""
-        if self.direct and not self.tensordesc_meta:
+        """JITFunction.run after its cache lookup (the same call on Triton 3.6-3.9), with
+        every parameter in signature order (the constexprs ride along; the launcher skips
+        them)."""
+        if self.direct and not self.tensordesc_meta and self.takes(len(bound_args)):
             self.raw(grid, bound_args)
             return
         stream = _current_stream()
@@ -80,8 +105,9 @@ class CompiledLaunch:
         # read the arguments: the final ones serve as well as the bound ones.
         metadata = self.compiled.launch_metadata(grid, stream, *final_args) if enter else None
         grid = (*grid, 1, 1)
+        args = (*self.after_hooks, final_args) if self.variadic else final_args
         self.c_launch(grid[0], grid[1], grid[2], stream, *self.fixed, metadata, enter, exit_,
-                      *final_args)
+                      *args)
 
 
 def _current_stream() -> int:
@@ -102,19 +128,27 @@ def _hooks() -> tuple:
 
 class TmaSlot:
     """One TMA descriptor argument of a planned launch, as the C launcher takes it: the
-    encoded CUtensorMap (``make_tensordesc_arg``'s work, from the compiled kernel's
-    descriptor metadata) and then the shape and strides.  Only the base pointer changes
-    per call; the last encoding is kept and reused while the pointer repeats (the
-    caching allocator hands a training loop the same addresses step after step)."""
+    encoded CUtensorMap (``make_tensordesc_arg``'s work for a tiled descriptor, from the
+    compiled kernel's descriptor metadata) and then the shape and strides.  Only the base
+    pointer changes per call; the last encoding is kept and reused while the pointer
+    repeats (the caching allocator hands a training loop the same addresses step after
+    step).  ``supported`` says which descriptors it encodes as Triton would."""
 
     __slots__ = ("fill", "encoding", "tail", "last")
+
+    @staticmethod
+    def supported(fields: dict, meta: dict) -> bool:
+        """A tiled descriptor (not fp4-padded, not rounded to tf32) and an encoder to call."""
+        return not (meta.get("fp4_padded") or meta.get("is_im2col")
+                    or fields.get("round_f32_to_tf32")
+                    or tma_fill_name(driver.active.utils) is None)
 
     def __init__(self, shape, strides, padding: str, meta: dict) -> None:
         from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
 
-        if meta.get("fp4_padded"):
-            raise ValueError("TmaSlot: fp4-padded descriptors are not supported")
-        self.fill = driver.active.utils.fill_tma_descriptor
+        # The same arguments under both names (3.7 renamed fill_tma_descriptor).
+        utils = driver.active.utils
+        self.fill = getattr(utils, tma_fill_name(utils))
         self.encoding = (meta["swizzle"], meta["elem_size"],
                          TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"],
                          list(shape), list(strides), 1 if padding == "nan" else 0)
@@ -159,7 +193,7 @@ def launch_cached(cache: dict, key: tuple, kernel, grid: tuple[int, ...], args: 
             raise RuntimeError("attnlab bug: a launch must pass the runtime parameters of "
                                f"{kernel.fn.__name__} by position and every constexpr one "
                                "by name")
-        cache[key] = CompiledLaunch(kernel[grid](*args, **meta, **options))
+        cache[key] = CompiledLaunch(kernel[grid](*args, **meta, **options, **launch_options()))
         return
     launch(grid, (*args, *(meta[name] for name in constexprs)))
 
@@ -196,7 +230,7 @@ class DirectLauncher:
     def key(self, args: tuple, meta: dict) -> tuple | None:
         """What Triton specialises this launch on, or None where every launch goes
         through ``kernel[grid]`` (Triton's CPU interpreter has no compiled kernel to keep)."""
-        if triton.__version__ not in DIRECT_LAUNCH_TRITON or kernel_is_interpreted():
+        if direct_launch_refusal() is not None or kernel_is_interpreted():
             return None
         return (tuple(_arg_class(a) for a in args), tuple(meta.items()),
                 args[0].device if isinstance(args[0], torch.Tensor) else None)
@@ -204,7 +238,7 @@ class DirectLauncher:
     def launch(self, key: tuple | None, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
         """The launch with ``key`` (``self.key`` of arguments of the same classes)."""
         if key is None:
-            self.kernel[grid](*args, **meta)
+            self.kernel[grid](*args, **meta, **launch_options())
         else:
             launch_cached(self.compiled, key, self.kernel, grid, args, meta)
 

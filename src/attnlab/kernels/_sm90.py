@@ -1,9 +1,10 @@
-"""Host-side pieces the Gluon sm_90 kernels share: TMA descriptors, the alignment TMA
-needs, the device facts they are sized by, and the SASS disassembler behind the
-compile-only evidence.
+"""What the Gluon sm_90 kernels share: the Gluon calls whose spelling differs between
+Triton releases (``tma_load_box``), host-side TMA descriptors, the alignment TMA needs,
+the device facts they are sized by, and the SASS disassembler behind the compile-only
+evidence.
 
-Gluon's API changes between Triton releases, so this module (like the kernels) is
-imported only on ``configs.GLUON_SM90_TRITON_VERSIONS``.
+Imported only where ``_compat.gluon_refusal()`` is None: the spellings come from its
+probes of the installed Gluon (kernels/_compat.py), never from a version string.
 """
 
 from __future__ import annotations
@@ -15,11 +16,37 @@ import re
 
 import torch
 import triton
+from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from attnlab.kernels._compat import gluon_api, gluon_refusal, launch_options, log
 from attnlab.kernels._launch import CompiledLaunch, TmaSlot, launch_cached
 from attnlab.kernels._primitives import bhs_strides
+
+if gluon_refusal() is not None:
+    raise ImportError(f"attnlab's Gluon kernels cannot be built here: {gluon_refusal()}")
+
+# The global -> shared TMA copy under this Triton's name (async_load from 3.8).
+tma_load = getattr(tma, gluon_api().tma_load)
+
+# The box a TMA descriptor copies is (1, 1, rows, head dim) (or (1, 1, rows)); the tiles
+# the MMAs read are the same bytes without the leading 1s, so each copy lands in its tile
+# reinterpreted as the descriptor's box: ``reinterpret`` from 3.9, ``_reinterpret`` before.
+if gluon_api().reinterpret == "reinterpret":
+    @gluon.jit
+    def tma_load_box(desc, coord, barrier, tile):
+        """TMA copy of ``desc``'s box at ``coord`` into ``tile``, completing ``barrier``."""
+        tma_load(desc, coord, barrier, tile.reinterpret(desc.dtype, desc.block_shape,
+                                                        desc.layout))
+else:
+    @gluon.jit
+    def tma_load_box(desc, coord, barrier, tile):
+        """TMA copy of ``desc``'s box at ``coord`` into ``tile``, completing ``barrier``."""
+        tma_load(desc, coord, barrier, tile._reinterpret(desc.dtype, desc.block_shape,
+                                                         desc.layout))
+
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
@@ -28,16 +55,12 @@ REGISTER_FILE = 65536
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (227 KB)
 
 
-def hardware_refusal(capability: tuple[int, int] | None, triton_version: str,
-                     built_for: tuple[str, ...], dtype: torch.dtype) -> str | None:
-    """Why a Gluon sm_90 kernel cannot run on this GPU / Triton / dtype, or None."""
+def hardware_refusal(capability: tuple[int, int] | None, dtype: torch.dtype) -> str | None:
+    """Why a Gluon sm_90 kernel cannot run on this GPU / dtype, or None."""
     if capability is None:
         return "needs CUDA tensors on an sm_90 (Hopper) GPU"
     if capability != (9, 0):
         return f"built for sm_90 only; this GPU is sm_{capability[0]}{capability[1]}"
-    if triton_version not in built_for:
-        return (f"built and checked on Triton {', '.join(built_for)} only "
-                f"(Gluon's API changes between releases); found {triton_version}")
     if dtype not in SUPPORTED_DTYPES:
         return f"dtype must be float16 or bfloat16, got {dtype}"
     return None
@@ -163,16 +186,18 @@ class PlannedGluonLaunch:
         """Switch to the direct path once the kernel is compiled under this key."""
         launch = self.cache.get(self.key)
         if not (isinstance(launch, CompiledLaunch) and launch.direct
-                and len(launch.tensordesc_meta) == len(self.descriptors)):
+                and len(launch.tensordesc_meta) == len(self.descriptors)
+                and all(TmaSlot.supported(d.fields, meta) for d, meta
+                        in zip(self.descriptors, launch.tensordesc_meta, strict=True))):
             return False
-        self.slots = tuple(TmaSlot(d.fields["shape"], d.fields["strides"], d.fields["padding"],
-                                   meta)
-                           for d, meta in zip(self.descriptors, launch.tensordesc_meta,
-                                              strict=True))
+        slots = tuple(TmaSlot(d.fields["shape"], d.fields["strides"], d.fields["padding"], meta)
+                      for d, meta in zip(self.descriptors, launch.tensordesc_meta, strict=True))
         runtime = len(self.descriptors) + num_tensors + len(self.static)
-        self.tail = (*self.static,
-                     *(self.constexprs[name] for name in self.kernel.arg_names[runtime:]))
-        self.launch = launch
+        tail = (*self.static,
+                *(self.constexprs[name] for name in self.kernel.arg_names[runtime:]))
+        if not launch.takes(sum(1 + len(slot.tail) for slot in slots) + num_tensors + len(tail)):
+            return False
+        self.slots, self.tail, self.launch = slots, tail, launch
         return True
 
 
@@ -224,7 +249,8 @@ def compile_sm90(kernel, signature: dict, constants: dict, aligned: tuple[str, .
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = GluonASTSource(kernel, signature, constants, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": constants["num_warps"], "maxnreg": maxnreg})
+                          options={"num_warps": constants["num_warps"], "maxnreg": maxnreg,
+                                   **launch_options()})
 
 
 def code_evidence(asm: dict) -> tuple[dict, str | None]:
@@ -250,7 +276,29 @@ def code_evidence(asm: dict) -> tuple[dict, str | None]:
     return evidence, sass
 
 
+def select_entries(table: dict, running: str) -> tuple[list[dict], str | None]:
+    """(the entries to dispatch by, a note or None) of a dispatch table on Triton
+    ``running``: each entry names the Triton it was measured on (``triton``, else the
+    table's ``source``), and a bucket that wins on one release may not on another, so
+    the entries measured on ``running`` are used where the table has any.  Where it has
+    none, the entries of the table's own release stand in (the kernels compile the same
+    schedule on 3.6-3.9), and the note says so."""
+    reference = table["source"]["triton"]
+    by_release: dict[str, list[dict]] = {}
+    for entry in table["entries"]:
+        by_release.setdefault(entry.get("triton", reference), []).append(entry)
+    if running in by_release:
+        return by_release[running], None
+    return by_release.get(reference, []), (
+        f"no entries measured on Triton {running}; those measured on {reference} stand in")
+
+
+@functools.cache
 def dispatch_entries(filename: str) -> list[dict]:
-    """The entries of a committed dispatch table in ``attnlab/kernels``."""
+    """The entries of the committed dispatch table ``filename`` (in ``attnlab/kernels``)
+    for the installed Triton (``select_entries``); a stand-in is logged once."""
     text = importlib.resources.files("attnlab.kernels").joinpath(filename).read_text()
-    return json.loads(text)["entries"]
+    entries, note = select_entries(json.loads(text), triton.__version__)
+    if note is not None:
+        log.info("attnlab: %s: %s", filename, note)
+    return entries

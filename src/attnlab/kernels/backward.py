@@ -42,6 +42,7 @@ from torch.library import wrap_triton
 
 from attnlab.checks import check_instance
 from attnlab.inputs import AttentionInputs, layout_named
+from attnlab.kernels._compat import gluon_refusal
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -61,7 +62,6 @@ from attnlab.kernels._primitives import (
     launch_is_traced,
 )
 from attnlab.kernels.configs import (
-    GLUON_SM90_TRITON_VERSIONS,
     BackwardConfig,
     backward_config,
     head_dim_padded,
@@ -455,17 +455,17 @@ def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use
     ``requested`` (an ``Sm90BackwardConfig``) forces it, and a call it cannot compute is
     then a ValueError; otherwise (``use_table``) the committed dispatch table decides.
     Its module imports Gluon, whose API changes between Triton releases, so it is
-    imported only on the versions it was checked on; a traced call (torch.compile) keeps
+    imported only where kernels/_compat.py recognises this Triton's Gluon; a traced call (torch.compile) keeps
     the Triton kernels, as the forward does."""
     if requested is None and not use_table:
         return None
     usable = (q.is_cuda and not launch_is_traced(q)
-              and triton.__version__ in GLUON_SM90_TRITON_VERSIONS and layout != "thd")
+              and gluon_refusal() is None and layout != "thd")
     if not usable:
         if requested is not None:
             raise ValueError(f"dkdv_sm90={requested} needs a CUDA call outside torch.compile, "
-                             f"layout 'bshd' or 'bhsd' and Triton "
-                             f"{', '.join(GLUON_SM90_TRITON_VERSIONS)}")
+                             f"layout 'bshd' or 'bhsd' and a Triton whose Gluon attnlab "
+                             f"knows ({gluon_refusal() or 'this one is'})")
         return None
     from attnlab.kernels._sm90 import tma_aligned
     from attnlab.kernels.backward_sm90 import dispatch_config, supports

@@ -50,7 +50,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -73,10 +72,10 @@ from attnlab.kernels._sm90 import (
     row_stat_descriptor_parts,
     shared_memory_refusal,
     tma_aligned,
+    tma_load_box,
 )
-from attnlab.kernels.configs import GLUON_SM90_TRITON_VERSIONS, length_bucket
+from attnlab.kernels.configs import length_bucket
 
-BUILT_FOR_TRITON = GLUON_SM90_TRITON_VERSIONS
 # d = 256 would need 2 x 64 x 256 fp32 accumulators per warpgroup: 256 registers a thread.
 SUPPORTED_HEAD_DIMS = (64, 128)
 BLOCK_N = 128            # two consumer warpgroups x 64 keys
@@ -221,28 +220,18 @@ def _producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_s
               IS_CAUSAL: gl.constexpr):
     """The producer partition (one warp): the K/V block once, then Q_j, dO_j and their
     LSE and D rows per tile of every query head of the group, paced by the ring's empty
-    barriers."""
-    dtype: gl.constexpr = q_smem.dtype
+    barriers.  Each box lands in the tile the MMAs read (``tma_load_box``)."""
     KEYS: gl.constexpr = k_smem.shape[1]
-    HEAD_DIM: gl.constexpr = k_smem.shape[2]
-    kv_box: gl.constexpr = [1, 1, KEYS, HEAD_DIM]
-    q_box: gl.constexpr = [1, 1, BLOCK_M, HEAD_DIM]
-    kv_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(kv_box, dtype)
-    q_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(q_box, dtype)
-    row_box: gl.constexpr = [1, 1, BLOCK_M]
-    row_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(row_box, gl.float32)
     tile_bytes: gl.constexpr = (2 * q_desc.block_type.nbytes + lse_desc.block_type.nbytes
                                 + delta_desc.block_type.nbytes)
 
     start_n, off_b, off_hk = _work(num_kv_blocks, num_kv_heads, 2 * KEYS)
     mbarrier.expect(kv_ready, 4 * k_desc.block_type.nbytes)
     for half in gl.static_range(2):
-        tma.async_copy_global_to_shared(
-            k_desc, [off_b, off_hk, start_n + half * KEYS, 0], kv_ready,
-            k_smem.index(half)._reinterpret(dtype, kv_box, kv_box_layout))
-        tma.async_copy_global_to_shared(
-            v_desc, [off_b, off_hk, start_n + half * KEYS, 0], kv_ready,
-            v_smem.index(half)._reinterpret(dtype, kv_box, kv_box_layout))
+        tma_load_box(k_desc, [off_b, off_hk, start_n + half * KEYS, 0], kv_ready,
+                     k_smem.index(half))
+        tma_load_box(v_desc, [off_b, off_hk, start_n + half * KEYS, 0], kv_ready,
+                     v_smem.index(half))
 
     m_lo, m_full = _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M, 2 * KEYS, IS_CAUSAL)
     ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
@@ -253,19 +242,15 @@ def _producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_s
             # A fresh mbarrier counts as having completed the phase before phase 0.
             mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(stage), tile_bytes)
-            tma.async_copy_global_to_shared(
-                q_desc, [off_b, off_h, start_m, 0], ready.index(stage),
-                q_smem.index(stage)._reinterpret(dtype, q_box, q_box_layout))
-            tma.async_copy_global_to_shared(
-                do_desc, [off_b, off_h, start_m, 0], ready.index(stage),
-                do_smem.index(stage)._reinterpret(dtype, q_box, q_box_layout))
+            tma_load_box(q_desc, [off_b, off_h, start_m, 0], ready.index(stage),
+                         q_smem.index(stage))
+            tma_load_box(do_desc, [off_b, off_h, start_m, 0], ready.index(stage),
+                         do_smem.index(stage))
             # Past seqlen_q TMA zero-fills LSE and D, as it does Q and dO.
-            tma.async_copy_global_to_shared(
-                lse_desc, [off_b, off_h, start_m], ready.index(stage),
-                lse_smem.index(stage)._reinterpret(gl.float32, row_box, row_box_layout))
-            tma.async_copy_global_to_shared(
-                delta_desc, [off_b, off_h, start_m], ready.index(stage),
-                delta_smem.index(stage)._reinterpret(gl.float32, row_box, row_box_layout))
+            tma_load_box(lse_desc, [off_b, off_h, start_m], ready.index(stage),
+                         lse_smem.index(stage))
+            tma_load_box(delta_desc, [off_b, off_h, start_m], ready.index(stage),
+                         delta_smem.index(stage))
             ring += 1
 
 
@@ -386,11 +371,11 @@ def padded_seqlen(seqlen_q: int) -> int:
     return triton.cdiv(seqlen_q, 4) * 4
 
 
-def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: torch.dtype,
+def refusal(*, capability: tuple[int, int] | None, dtype: torch.dtype,
             head_dim: int, window: tuple[int, int], softcap: float, layout: str,
             aligned: bool, config: Sm90BackwardConfig | None = None) -> str | None:
     """Why this kernel must not compute a call's dK, dV, or None when it may."""
-    reason = hardware_refusal(capability, triton_version, BUILT_FOR_TRITON, dtype)
+    reason = hardware_refusal(capability, dtype)
     if reason is not None:
         return reason
     if layout not in ("bshd", "bhsd"):
@@ -417,8 +402,8 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
     capability = on_sm90_capability(q) if all(t.is_cuda for t in (k, v, dout)) else None
     if len({q.dtype, k.dtype, v.dtype, dout.dtype}) != 1:
         return False, "q, k, v and dout must share one dtype"
-    reason = refusal(capability=capability, triton_version=triton.__version__, dtype=q.dtype,
-                     head_dim=q.shape[-1], window=window, softcap=softcap, layout=layout,
+    reason = refusal(capability=capability, dtype=q.dtype, head_dim=q.shape[-1],
+                     window=window, softcap=softcap, layout=layout,
                      aligned=tma_aligned(q, k, v, dout), config=config)
     return reason is None, reason or ""
 

@@ -86,12 +86,6 @@ TUNED: dict[tuple[int, bool, int], ForwardConfig] = {
 }
 
 
-# Triton releases the Gluon sm_90 forward (kernels/forward_sm90.py) was built and checked
-# on; Gluon's API changes between releases, so it is neither imported nor dispatched on
-# any other version.
-GLUON_SM90_TRITON_VERSIONS = ("3.6.0",)
-
-
 def head_dim_padded(head_dim: int) -> int:
     """The kernel's register tile width along d: the next power of two, at least 16."""
     return max(16, 1 << (head_dim - 1).bit_length())

@@ -30,6 +30,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlab.inputs import AttentionInputs, layout_named
+from attnlab.kernels._compat import gluon_refusal
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -47,7 +48,6 @@ from attnlab.kernels._primitives import (
     launch_is_traced,
 )
 from attnlab.kernels.configs import (
-    GLUON_SM90_TRITON_VERSIONS,
     ForwardConfig,
     forward_config,
     head_dim_padded,
@@ -243,12 +243,13 @@ _DIRECT_FORWARD = DirectLauncher(_attn_fwd)
 def _gluon_sm90_choice(q, k, v, *, layout, causal, window, softcap):
     """The Gluon sm_90 kernel's config where its committed dispatch table says it measured
     faster (bench/sm90_dispatch_table.py), else None.  Its module imports Gluon, whose API
-    changes between Triton releases, so it is imported only on the versions it was checked on."""
+    changes between Triton releases, so it is imported only where kernels/_compat.py's
+    probes recognise this Triton's Gluon (``gluon_refusal()`` says why not)."""
     # A traced call (``launch_is_traced``: torch.compile decomposing attnlab::flash_fwd for
     # Inductor) takes the Triton kernel: the Gluon kernel builds TMA descriptors from
     # data_ptr(), which fake tensors do not have, and no graph can hold its launch.
     if (not q.is_cuda or launch_is_traced(q)
-            or triton.__version__ not in GLUON_SM90_TRITON_VERSIONS):
+            or gluon_refusal() is not None):
         return None
     from attnlab.kernels.forward_sm90 import dispatch_config
 

@@ -1,7 +1,8 @@
 """FlashAttention forward for Hopper (sm_90) in Gluon: warp-specialised, with FA3's overlap.
 
-Built and checked on Triton 3.6.0 only (``BUILT_FOR_TRITON``): Gluon's API changes
-between releases, so ``supports`` refuses every other version instead of guessing.
+Built on Triton 3.6 and written against the Gluon spellings ``kernels/_compat.py``
+probes (3.6-3.9 compile it); a Triton whose Gluon those probes do not recognise never
+imports this module (docs/versions.md).
 
 Why a second forward kernel: Triton 3.6 waits for every wgmma right after issuing it
 and does not warp-specialise attention on sm_90 (bench/NOTES.md, attempts 3, 4 and 7),
@@ -54,7 +55,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -76,11 +76,10 @@ from attnlab.kernels._sm90 import (
     shared_memory_refusal,
     sm_count,
     tma_aligned,
+    tma_load_box,
 )
-from attnlab.kernels.configs import GLUON_SM90_TRITON_VERSIONS, length_bucket
+from attnlab.kernels.configs import length_bucket
 
-# The Triton release(s) this file was compiled and checked against.
-BUILT_FOR_TRITON = GLUON_SM90_TRITON_VERSIONS
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 BLOCK_M = 128            # two consumer warpgroups x 64 query rows
 CONSUMER_WARPS = 4       # per consumer warpgroup (and partition)
@@ -363,14 +362,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
 
     The descriptors are 4-D (batch, head, sequence, head dim) with a box of one
     (batch, head): TMA zero-fills rows past this sequence's end, never reading the next
-    one.  Their boxes land in the 2-D tiles the MMAs read (same bytes, leading 1s)."""
-    dtype: gl.constexpr = q_smem.dtype
+    one.  Their boxes land in the 2-D tiles the MMAs read (``tma_load_box``)."""
     ROWS: gl.constexpr = q_smem.shape[1]
-    HEAD_DIM: gl.constexpr = q_smem.shape[2]
-    q_box: gl.constexpr = [1, 1, ROWS, HEAD_DIM]
-    kv_box: gl.constexpr = [1, 1, BLOCK_N, HEAD_DIM]
-    q_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(q_box, dtype)
-    kv_box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(kv_box, dtype)
     num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
 
     ring_base = 0
@@ -383,23 +376,20 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
         for half in gl.static_range(2):
             mbarrier.wait(q_empty.index(half), (blocks_done & 1) ^ 1)
             mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(
-                q_desc, [off_b, off_h, m_first + half * ROWS, 0], q_ready.index(half),
-                q_smem.index(half)._reinterpret(dtype, q_box, q_box_layout))
+            tma_load_box(q_desc, [off_b, off_h, m_first + half * ROWS, 0], q_ready.index(half),
+                         q_smem.index(half))
         for tile in range(n_tiles):
             slot = ring_base + tile
             stage = slot % STAGES
             free_phase = ((slot // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(stage), free_phase)
             mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(
-                k_desc, [off_b, off_hk, tile * BLOCK_N, 0], k_ready.index(stage),
-                k_smem.index(stage)._reinterpret(dtype, kv_box, kv_box_layout))
+            tma_load_box(k_desc, [off_b, off_hk, tile * BLOCK_N, 0], k_ready.index(stage),
+                         k_smem.index(stage))
             mbarrier.wait(v_empty.index(stage), free_phase)
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(
-                v_desc, [off_b, off_hk, tile * BLOCK_N, 0], v_ready.index(stage),
-                v_smem.index(stage)._reinterpret(dtype, kv_box, kv_box_layout))
+            tma_load_box(v_desc, [off_b, off_hk, tile * BLOCK_N, 0], v_ready.index(stage),
+                         v_smem.index(stage))
         ring_base += n_tiles
 
 
@@ -559,12 +549,12 @@ def shared_memory_bytes(head_dim: int, config: Sm90Config, itemsize: int = 2) ->
 _VECTOR_STORE_STAGING = {64: 16384, 128: 16384, 256: 32768}
 
 
-def refusal(*, capability: tuple[int, int] | None, triton_version: str, dtype: torch.dtype,
-            head_dim: int, window: tuple[int, int], softcap: float, aligned: bool,
+def refusal(*, capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int,
+            window: tuple[int, int], softcap: float, aligned: bool,
             config: Sm90Config | None = None) -> str | None:
     """Why this kernel must not run a call, or None when it may (full and bottom-right
     causal attention are both covered, so ``causal`` never decides)."""
-    reason = hardware_refusal(capability, triton_version, BUILT_FOR_TRITON, dtype)
+    reason = hardware_refusal(capability, dtype)
     if reason is not None:
         return reason
     if head_dim not in SUPPORTED_HEAD_DIMS:
@@ -588,9 +578,9 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     capability = on_sm90_capability(q) if all(t.is_cuda for t in (k, v)) else None
     if len({q.dtype, k.dtype, v.dtype}) != 1:
         return False, "q, k and v must share one dtype"
-    reason = refusal(capability=capability, triton_version=triton.__version__, dtype=q.dtype,
-                     head_dim=q.shape[-1], window=window, softcap=softcap,
-                     aligned=tma_aligned(q, k, v), config=config)
+    reason = refusal(capability=capability, dtype=q.dtype, head_dim=q.shape[-1],
+                     window=window, softcap=softcap, aligned=tma_aligned(q, k, v),
+                     config=config)
     if reason is None and not (k.shape[-1] == v.shape[-1] == q.shape[-1]):
         reason = "q, k and v must share one head_dim"
     return reason is None, reason or ""
