@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from attnlab.inputs import layout_named
 from attnlab.measure.engine import Bench
 
 bench = Bench("host_cost_h200", __doc__)
@@ -258,7 +259,7 @@ def phase_forward(ctx) -> None:
                        sm90_host.descriptor(v, "bhsd", config.block_n))
         out = torch.empty_like(q)
         lse = torch.empty(1, 1, 128, device="cuda", dtype=torch.float32)
-        strides = sm90.bhs_strides(out, "bhsd")
+        strides = layout_named("bhsd").bhs_strides(out)
         jit_args = (*descriptors, out, lse, *strides, 1, 1, 128, 128, 1, scale * sm90.LOG2E)
         jit_kwargs = dict(HEAD_DIM=128, BLOCK_M=sm90.BLOCK_M, BLOCK_N=config.block_n,
                           STAGES=config.stages, IS_CAUSAL=True,

@@ -12,8 +12,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from triton.runtime.jit import JITFunction
 
-from attnlab.inputs import layout_named
-
 # exp(x) = exp2(x * log2(e)): the kernel works in base 2 (one MUFU.EX2 per score) and
 # converts the LSE back to natural log with ln(2) = 0.6931471805599453 at the end.
 LOG2E = 1.4426950408889634
@@ -80,18 +78,6 @@ def _online_softmax_step(qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset,
     alpha = tl.math.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_i
-
-
-def bhs_strides(t: torch.Tensor, layout: str) -> tuple[int, int, int]:
-    """(batch, head, seq) strides of a tensor in ``layout`` (:class:`attnlab.inputs.Layout`)."""
-    return layout_named(layout).bhs_strides(t)
-
-
-def dense_sizes(q: torch.Tensor, k: torch.Tensor, layout: str
-                ) -> tuple[int, int, int, int, int, int]:
-    """(batch, seqlen_q, query heads, head_dim, seqlen_k, kv heads) of bshd or bhsd q, k."""
-    lay = layout_named(layout)
-    return q.shape[0], lay.seqlen(q), lay.heads(q), q.shape[-1], lay.seqlen(k), lay.heads(k)
 
 
 # TRITON_INTERPRET=1 at import makes every @triton.jit an InterpretedFunction.

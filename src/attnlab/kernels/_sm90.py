@@ -21,9 +21,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from attnlab.inputs import layout_named
 from attnlab.kernels._compat import gluon_api, gluon_refusal, launch_options, log
 from attnlab.kernels._launch import CompiledLaunch, TmaSlot, launch_cached
-from attnlab.kernels._primitives import bhs_strides
 
 if gluon_refusal() is not None:
     raise ImportError(f"attnlab's Gluon kernels cannot be built here: {gluon_refusal()}")
@@ -117,11 +117,9 @@ def descriptor(t: torch.Tensor, layout: str, rows: int) -> TensorDescriptor:
 def descriptor_parts(t: torch.Tensor, layout: str, rows: int) -> tuple:
     """``descriptor``'s arguments after the tensor: what a planned launch keeps, building
     only the descriptor itself per call (its base is the call's tensor)."""
-    sb, sh, ss = bhs_strides(t, layout)
-    if layout == "bshd":
-        batch, seqlen, heads, head_dim = t.shape
-    else:
-        batch, heads, seqlen, head_dim = t.shape
+    lay = layout_named(layout)
+    sb, sh, ss = lay.bhs_strides(t)
+    batch, seqlen, heads, head_dim = t.shape[0], lay.seqlen(t), lay.heads(t), t.shape[-1]
     return ([batch, heads, seqlen, head_dim], [sb, sh, ss, 1], [1, 1, rows, head_dim],
             box_layout((1, 1, rows, head_dim), t.dtype))
 

@@ -460,7 +460,7 @@ def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use
     if requested is None and not use_table:
         return None
     usable = (q.is_cuda and not launch_is_traced(q)
-              and gluon_refusal() is None and layout != "thd")
+              and gluon_refusal() is None and not layout_named(layout).is_varlen)
     if not usable:
         if requested is not None:
             raise ValueError(f"dkdv_sm90={requested} needs a CUDA call outside torch.compile, "

@@ -55,8 +55,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from attnlab.inputs import AttentionInputs, layout_named
 from attnlab.kernels._launch import int_class
-from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
+from attnlab.kernels._primitives import LOG2E
 from attnlab.kernels._sm90 import (
     PlannedDescriptor,
     PlannedGluonLaunch,
@@ -378,7 +379,7 @@ def refusal(*, capability: tuple[int, int] | None, dtype: torch.dtype,
     reason = hardware_refusal(capability, dtype)
     if reason is not None:
         return reason
-    if layout not in ("bshd", "bhsd"):
+    if layout_named(layout).is_varlen:
         return f"layout must be 'bshd' or 'bhsd' (varlen stays on the Triton kernel), got {layout!r}"
     if head_dim not in SUPPORTED_HEAD_DIMS:
         return f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}"
@@ -414,11 +415,14 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     """The launch for tensors of these sizes, strides and alignment.  Called as
     ``planned((k, v, q, dout, lse_log2, delta), (dk, dv))``: dK, dV, LSE·log2 e and D
     must be fresh contiguous allocations, the last two (batch, heads, ``padded_seqlen``)."""
-    batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
+    inputs = AttentionInputs.read(q, k, k, layout)
+    batch, seqlen_q, num_heads, head_dim = (inputs.batch, inputs.seqlen_q, inputs.heads,
+                                            inputs.head_dim)
+    seqlen_k, num_kv_heads = inputs.seqlen_k, inputs.kv_heads
     num_kv_blocks = triton.cdiv(seqlen_k, BLOCK_N)
     grid = (num_kv_blocks * batch * num_kv_heads,)
     # dK and dV are allocated contiguous in the layout of k and v.
-    out_strides = 2 * bhs_strides(torch.empty(k.shape, device="meta"), layout)
+    out_strides = 2 * layout_named(layout).bhs_strides(torch.empty(k.shape, device="meta"))
     rows = torch.empty((batch, num_heads, padded_seqlen(seqlen_q)), dtype=torch.float32,
                        device="meta")
     row_descriptor = PlannedDescriptor(rows, row_stat_descriptor_parts(rows, seqlen_q,
@@ -502,6 +506,6 @@ def dispatch_config(q: torch.Tensor, k: torch.Tensor, *, layout: str, causal: bo
                     ) -> Sm90BackwardConfig | None:
     """The measured-faster config for this call's bucket, or None (the caller still
     checks ``supports``)."""
-    seq_dim = 1 if layout == "bshd" else 2
-    bucket = length_bucket(max(q.shape[seq_dim], k.shape[seq_dim]))
+    lay = layout_named(layout)
+    bucket = length_bucket(max(lay.seqlen(q), lay.seqlen(k)))
     return _dispatch_table().get((q.shape[-1], causal, bucket))

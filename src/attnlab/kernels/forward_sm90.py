@@ -59,8 +59,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from attnlab.inputs import AttentionInputs, layout_named
 from attnlab.kernels._launch import int_class
-from attnlab.kernels._primitives import LOG2E, bhs_strides, dense_sizes
+from attnlab.kernels._primitives import LOG2E
 from attnlab.kernels._sm90 import (
     PlannedDescriptor,
     PlannedGluonLaunch,
@@ -593,7 +594,7 @@ def flash_forward_sm90(
     """Same contract as ``attnlab.kernels.forward.flash_forward`` (O in ``layout``, LSE as
     (batch, heads, seqlen_q) float32 natural log, bottom-right causal), for the calls
     ``supports`` accepts; anything else is refused with a ValueError naming the reason."""
-    if layout not in ("bshd", "bhsd"):
+    if layout_named(layout).is_varlen:
         raise ValueError(f"layout must be 'bshd' or 'bhsd', got {layout!r}")
     ok, reason = supports(q, k, v, causal, config=config)
     if not ok:
@@ -628,7 +629,10 @@ class PlannedLaunch:
 def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str,
                 scale: float, causal: bool, config: Sm90Config) -> PlannedLaunch:
     """The launch for tensors of these sizes, strides and alignment (see ``launch``)."""
-    batch, seqlen_q, num_heads, head_dim, seqlen_k, num_kv_heads = dense_sizes(q, k, layout)
+    inputs = AttentionInputs.read(q, k, k, layout)
+    batch, seqlen_q, num_heads, head_dim = (inputs.batch, inputs.seqlen_q, inputs.heads,
+                                            inputs.head_dim)
+    seqlen_k, num_kv_heads = inputs.seqlen_k, inputs.kv_heads
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(f"query heads ({num_heads}) must be a multiple of kv heads "
                          f"({num_kv_heads})")
@@ -636,7 +640,7 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: st
     grid = (min(num_work, sm_count(q.device)) if config.persistent else num_work,)
     kernel, meta = _kernel_and_meta(config)
     # O is allocated contiguous in q's layout.
-    strides = bhs_strides(torch.empty(q.shape, device="meta"), layout)
+    strides = layout_named(layout).bhs_strides(torch.empty(q.shape, device="meta"))
     descriptors = (PlannedDescriptor(q, descriptor_parts(q, layout, BLOCK_M // 2)),
                    PlannedDescriptor(k, descriptor_parts(k, layout, config.block_n)),
                    PlannedDescriptor(v, descriptor_parts(v, layout, config.block_n)))
@@ -697,8 +701,8 @@ def dispatch_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout
     Triton kernel).  Tensors past 2^31 elements are fine: TMA addresses them through
     64-bit descriptors and the O/LSE offsets are 64-bit (``bench/sanitize_h200.py --big``).
     """
-    seq_dim = 1 if layout == "bshd" else 2
-    bucket = length_bucket(max(q.shape[seq_dim], k.shape[seq_dim]))
+    lay = layout_named(layout)
+    bucket = length_bucket(max(lay.seqlen(q), lay.seqlen(k)))
     config = _dispatch_table().get((q.shape[-1], causal, bucket))
     if config is None or not supports(q, k, v, causal, window, softcap, config)[0]:
         return None
