@@ -139,8 +139,8 @@ INTERPRETER_BACKWARD_CONFIG = BackwardConfig(32, 64, 64, 32, num_warps=4, num_st
 # fp32 dK and dV accumulators alone take 2 * 64 * 256 * 4 B = 128 KiB, so the owned
 # key block halves).  bench/backward_h200.py's sweep replaces these with measured winners.
 # Head dims 8-32 take one stage: with two, Triton 3.6.0's ptxas dies (SIGSEGV) building
-# the dQ kernel for 16 of the 64 dtype x causal x softcap x varlen variants at d = 16/32
-# (other tiles fail elsewhere); with one, all 64 build (bench/ptxas_configs.py, NOTES B15).
+# the dQ kernel for 11 of the 32 dtype x causal x softcap x varlen variants at d = 16/32
+# (other tiles fail elsewhere); with one, all 32 build (bench/ptxas_configs.py, NOTES B15).
 _BACKWARD_BASE: dict[tuple[int, bool], BackwardConfig] = {
     (16, False): BackwardConfig(64, 128, 128, 64, 8, 1),
     (32, False): BackwardConfig(64, 128, 128, 64, 8, 1),
