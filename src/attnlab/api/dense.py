@@ -8,17 +8,18 @@ import torch
 from attnlab.api.common import (
     _check_options,
     _check_reference_dtypes,
+    _check_tensor,
     _record_impl,
     _refuse_unsupported,
     _resolve_impl,
     _triton_ready,
 )
-from attnlab.checks import check_bool, check_instance, check_scale
+from attnlab.checks import check_bool, check_scale
 
 
 def _check_tensors(q, k, v, layout: str) -> tuple[int, int, int, int, int, int]:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_instance(name, t, torch.Tensor)
+        _check_tensor(name, t)
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D ({layout}), got shape {tuple(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
@@ -52,7 +53,7 @@ def _run(q, k, v, *, layout: str, scale, causal: bool, window: tuple[int, int],
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(scale, head_dim, name=scale_name)
     if impl == "triton":
-        q, k, v = _triton_ready(q, k, v, head_dim)
+        q, k, v = _triton_ready(q, k, v, head_dim, scale, softcap, scale_name)
         from attnlab.kernels.autograd import attention_forward
         from attnlab.kernels.decode import flash_decode, prefers_decode
 
@@ -106,7 +107,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
 
 def _check_packed(name: str, packed, dim: int, parts: int) -> None:
-    check_instance(name, packed, torch.Tensor)
+    _check_tensor(name, packed)
     if packed.dim() != dim or packed.shape[dim - 3] != parts:
         layout = "(batch, seqlen, 3, heads, head_dim)" if parts == 3 else \
             "(batch, seqlen, 2, kv_heads, head_dim)"
@@ -154,7 +155,8 @@ def attention(q, k, v, *, causal=False, scale=None, enable_gqa=False, window_siz
     causal = check_bool("causal", causal)
     enable_gqa = check_bool("enable_gqa", enable_gqa)
     return_lse = check_bool("return_lse", return_lse)
-    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 == k.dim() \
+    q, k = _check_tensor("q", q), _check_tensor("k", k)
+    if q.dim() == 4 == k.dim() \
             and q.shape[1] != k.shape[1] and not enable_gqa:
         raise ValueError(f"q has {q.shape[1]} heads and k/v {k.shape[1]}: pass enable_gqa=True "
                          "for grouped-query attention")

@@ -8,18 +8,25 @@ import torch
 from attnlab.api.common import (
     _check_options,
     _check_reference_dtypes,
+    _check_tensor,
     _record_impl,
     _refuse_unsupported,
     _resolve_impl,
     _triton_ready,
 )
-from attnlab.checks import check_bool, check_instance, check_int, check_scale
+from attnlab.checks import (
+    check_bool,
+    check_index_tensor,
+    check_instance,
+    check_int,
+    check_scale,
+)
 
 
 def _check_varlen_tensors(q, k, v) -> tuple[int, int, int]:
     """(heads, kv_heads, head_dim) of packed q, k, v; the same rules as the dense calls."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_instance(name, t, torch.Tensor)
+        _check_tensor(name, t)
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D (total_tokens, heads, head_dim), got shape "
                              f"{tuple(t.shape)}")
@@ -41,15 +48,14 @@ def _check_varlen_tensors(q, k, v) -> tuple[int, int, int]:
     return heads, kv_heads, head_dim
 
 
-def _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k) -> tuple[list[int], list[int]]:
-    """Per-sequence lengths from validated cu_seqlens: one device-to-host copy of both."""
+def _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k
+                      ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+    """cu_seqlens_q/k as the kernel reads them (:func:`attnlab.checks.check_index_tensor`:
+    int32 on q's device, contiguous) and the per-sequence lengths they hold, read with
+    one device-to-host copy of both and checked."""
+    cu_seqlens_q = check_index_tensor("cu_seqlens_q", cu_seqlens_q, device=q.device)
+    cu_seqlens_k = check_index_tensor("cu_seqlens_k", cu_seqlens_k, device=q.device)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(cu, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.int32 tensor, got {type(cu).__name__}")
-        if cu.dtype != torch.int32:
-            raise TypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
-        if cu.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
         if cu.dim() != 1 or cu.shape[0] < 2:
             raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape "
                              f"{tuple(cu.shape)}")
@@ -72,7 +78,7 @@ def _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k) -> tuple[list[int], list
             raise ValueError(f"{name}[-1] must equal {tensor}'s total tokens {total} "
                              f"({tensor}.shape[0]), got {cu[-1]}")
         lengths.append(steps)
-    return lengths[0], lengths[1]
+    return cu_seqlens_q, cu_seqlens_k, lengths[0], lengths[1]
 
 
 def _check_max_seqlen(name: str, value, lengths: list[int]) -> int:
@@ -143,12 +149,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _, _, head_dim = _check_varlen_tensors(q, k, v)
     impl = _resolve_impl(impl, q)
     scale = check_scale(softmax_scale, head_dim, name="softmax_scale")
-    lengths_q, lengths_k = _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k)
+    cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k = _sequence_lengths(
+        cu_seqlens_q, cu_seqlens_k, q, k)
     _check_max_seqlen("max_seqlen_q", max_seqlen_q, lengths_q)
     _check_max_seqlen("max_seqlen_k", max_seqlen_k, lengths_k)
     options = dict(scale=scale, causal=causal, window=window, softcap=softcap)
     if impl == "triton":
-        q, k, v = _triton_ready(q, k, v, head_dim)
+        q, k, v = _triton_ready(q, k, v, head_dim, scale, softcap)
         from attnlab.kernels.autograd import attention_forward
 
         # The launch grid covers the longest real sequence, not the caller's bound.

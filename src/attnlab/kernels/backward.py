@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from attnlab.checks import check_instance
+from attnlab.checks import check_index_tensor, check_instance
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -67,7 +67,7 @@ from attnlab.kernels.configs import (
     backward_config,
     head_dim_padded,
 )
-from attnlab.masking import effective_window
+from attnlab.masking import effective_window, reach_window
 from attnlab.shapes import AttentionShape
 
 if TYPE_CHECKING:  # the Gluon module is imported only on the Triton it was built for
@@ -139,6 +139,10 @@ def _dkdv_tiles(
         dv = _mma(p_t.to(do.dtype), do, dv, UPCAST_DOT)
         dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST_DOT)
         ds_t = p_t * (dp_t - delta[None, :])
+        if MASKED:
+            # A hidden key's P is 0, but 0 * NaN is NaN: a row whose O is NaN (D = NaN)
+            # must not reach the dK of keys it never saw.  Band-edge tiles only.
+            ds_t = tl.where(visible, ds_t, 0.0)
         if HAS_SOFTCAP:
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)
         dk = _mma(ds_t.to(q.dtype), q, dk, UPCAST_DOT)
@@ -425,24 +429,26 @@ def _check_dout(dout, out) -> None:
         raise ValueError(f"dout must be on the output's device {out.device}, got {dout.device}")
 
 
-def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> int:
-    """The batch size of a varlen call; checks the cu_seqlens pair."""
+def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+                  ) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+    """The batch size of a varlen call and its cu_seqlens pair as the kernels read them
+    (:func:`attnlab.checks.check_index_tensor`: int32 on q's device, contiguous)."""
     if layout != "thd":
         if cu_seqlens_q is not None or cu_seqlens_k is not None:
             raise ValueError(f"cu_seqlens_q/cu_seqlens_k need layout='thd', got layout={layout!r}")
-        return 0
+        return 0, None, None
+    cu_seqlens_q = check_index_tensor("cu_seqlens_q", cu_seqlens_q, device=q.device)
+    cu_seqlens_k = check_index_tensor("cu_seqlens_k", cu_seqlens_k, device=q.device)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-            raise TypeError(f"{name} must be a 1-D torch.int32 tensor for layout='thd'")
-        if cu.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+        if cu.dim() != 1:
+            raise ValueError(f"{name} must be 1-D for layout='thd', got shape {tuple(cu.shape)}")
     if cu_seqlens_q.numel() != cu_seqlens_k.numel() or cu_seqlens_q.numel() < 2:
         raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length batch + 1 >= 2, "
                          f"got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int for layout='thd', got {value!r}")
-    return cu_seqlens_q.numel() - 1
+    return cu_seqlens_q.numel() - 1, cu_seqlens_q, cu_seqlens_k
 
 
 # One direct launcher per kernel: the compiled kernels it keeps outlive the calls.
@@ -518,7 +524,8 @@ def flash_backward(
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     _check_dout(dout, out)
-    batch_varlen = _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    batch_varlen, cu_seqlens_q, cu_seqlens_k = _check_varlen(
+        layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
     q, k, v, out, dout = (_unit_last_stride(t) for t in (q, k, v, out, dout))
@@ -592,7 +599,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     # LSE: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
     stat_strides = (0, lse.stride(0)) if layout == "thd" else (lse.stride(0), lse.stride(1))
 
-    window_left, window_right = effective_window(causal, window)
+    window_left, window_right = reach_window(effective_window(causal, window), seqlen_q, seqlen_k)
     has_left, has_right = window_left >= 0, window_right >= 0
     head_dim_pad = head_dim_padded(head_dim)
     interpreted = kernel_is_interpreted()
