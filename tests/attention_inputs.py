@@ -1,4 +1,5 @@
-"""The one way tests make attention inputs: ``make_qkv`` (import it, don't copy it).
+"""The one way tests make attention inputs: ``make_qkv`` (import it, don't copy it), and
+``paged_copy``, a contiguous KV cache scattered over shuffled pages.
 
 Seeded normal q, k, v in a named layout: ``bhsd`` (SDPA, the reference's) or ``bshd``
 (flash-attn's).  Values are drawn in float64 for a float64 target and in float32
@@ -30,3 +31,19 @@ def make_qkv(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int
 
     return (draw(heads, seqlen_q, head_dim), draw(kv_heads, seqlen_k, head_dim),
             draw(kv_heads, seqlen_k, head_dim if value_dim is None else value_dim))
+
+
+def paged_copy(cache, page_size, *, extra_pages=3, seed=0):
+    """(pages, block_table): the contiguous cache's rows scattered over shuffled pages."""
+    batch, capacity = cache.shape[:2]
+    per_seq = -(-capacity // page_size)
+    total = batch * per_seq + extra_pages
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:batch * per_seq]
+    block_table = order.view(batch, per_seq).to(torch.int32).to(cache.device)
+    pages = torch.randn((total, page_size, *cache.shape[2:]), dtype=torch.float32).to(cache.dtype)
+    pages = pages.to(cache.device)
+    padded = torch.zeros((batch, per_seq * page_size, *cache.shape[2:]), dtype=cache.dtype,
+                         device=cache.device)
+    padded[:, :capacity] = cache
+    pages[block_table.flatten().long()] = padded.view(batch * per_seq, page_size, *cache.shape[2:])
+    return pages, block_table

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import attnlab
+from attention_inputs import paged_copy
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels.configs import decode_config
 from attnlab.kernels.decode import (
@@ -52,22 +53,6 @@ def check_dense(out, lse, q, k, v, **options):
     result = check_accuracy(out, lse, q, k, v, layout="bshd", **options)
     assert result.passed, result
     return result
-
-
-def paged_copy(cache, page_size, *, extra_pages=3, seed=0):
-    """(pages, block_table): the contiguous cache's rows scattered over shuffled pages."""
-    batch, capacity = cache.shape[:2]
-    per_seq = -(-capacity // page_size)
-    total = batch * per_seq + extra_pages
-    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:batch * per_seq]
-    block_table = order.view(batch, per_seq).to(torch.int32).to(cache.device)
-    pages = torch.randn((total, page_size, *cache.shape[2:]), dtype=torch.float32).to(cache.dtype)
-    pages = pages.to(cache.device)
-    padded = torch.zeros((batch, per_seq * page_size, *cache.shape[2:]), dtype=cache.dtype,
-                         device=cache.device)
-    padded[:, :capacity] = cache
-    pages[block_table.flatten().long()] = padded.view(batch * per_seq, page_size, *cache.shape[2:])
-    return pages, block_table
 
 
 # ----- the split-count policy (pure arithmetic) -------------------------------------------

@@ -205,7 +205,7 @@ def check_scale(value: Any, head_dim: int | None = None, name: str = "scale") ->
     value = as_scalar(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ArgumentTypeError(f"{name} must be a positive finite float or None, got {quote(value)}")
-    number = float(value)
+    number = _as_float(value)
     if not (math.isfinite(number) and number > 0):
         raise ValueError(f"{name} must be a positive finite float or None, got {quote(value)}")
     return number
@@ -216,10 +216,106 @@ def check_softcap(value: Any, name: str = "softcap") -> float:
     value = as_scalar(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ArgumentTypeError(f"{name} must be a finite float >= 0 (0 = off), got {quote(value)}")
-    number = float(value)
+    number = _as_float(value)
     if not (math.isfinite(number) and number >= 0):
         raise ValueError(f"{name} must be a finite float >= 0 (0 = off), got {quote(value)}")
     return number
+
+
+def _as_float(value: int | float) -> float:
+    """float(value); an int past float's range (2**2000) becomes inf, which the caller
+    refuses as not finite, instead of an OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+# What the fp32 Triton kernels can represent.  They work in base 2: every score is
+# ``q.k * (scale * log2(e))`` (or, soft-capped, ``(softcap * log2(e)) * tanh(q.k *
+# (scale / softcap))``) in fp32, and those factors travel as fp32 scalars.
+FP32_MAX = 3.4028234663852886e38
+FP32_MIN_NORMAL = 2.0**-126
+FP16_MAX = 65504.0
+_LOG2E = 1.4426950408889634
+# The largest softcap / scale the kernels take (check_kernel_scales).
+SOFTCAP_REACH = 2.0**100
+
+
+def kernel_scale_range(head_dim: int) -> tuple[float, float]:
+    """[lowest, highest] softmax scale the fp32 kernels compute exactly for ``head_dim``.
+
+    Lowest: ``scale * log2(e)`` must be a normal fp32 -- a smaller factor is 0 (or a
+    denormal the GPU flushes to 0), and a hidden key's -inf times 0 is NaN.  A tiny
+    normal scale is fine math: every score underflows to 0 and attention is uniform.
+    Highest: no score of inputs in fp16's range (``|x| <= 65504``, so ``|q.k| <=
+    head_dim * 65504**2``) may overflow fp32 -- a +inf score makes inf - inf = NaN where
+    the float64 math is finite.  (bf16 inputs past 65504 can overflow the fp32 dot
+    product itself at any scale.)
+    """
+    lowest = FP32_MIN_NORMAL / _LOG2E
+    highest = FP32_MAX / (_LOG2E * max(head_dim, 1) * FP16_MAX**2)
+    return lowest, highest
+
+
+def check_kernel_scales(scale: float, softcap: float, head_dim: int, *,
+                        scale_name: str = "softmax_scale", softcap_name: str = "softcap") -> None:
+    """ValueError with the allowed range when the fp32 kernels cannot represent ``scale``
+    or ``softcap`` (already checked as positive finite / >= 0 numbers): see
+    :func:`kernel_scale_range`.  With a softcap, ``softcap * log2(e)`` must be a finite
+    fp32 and ``scale / softcap`` (which multiplies q.k inside the tanh) at most FP32_MAX
+    (inf makes a zero q.k NaN) and at least 2**-100, so ``q.k * scale / softcap`` stays a
+    normal fp32 for every ``|q.k| >= 2**-26`` (a GPU may flush a denormal to 0, which
+    would zero the score); past that a cap changes no score an fp32 can hold anyway."""
+    lowest, highest = kernel_scale_range(head_dim)
+    if not lowest <= scale <= highest:
+        raise ValueError(f"{scale_name} must be in [{lowest:.4g}, {highest:.4g}] for the fp32 "
+                         f"Triton kernel at head_dim {head_dim} (scale * log2(e) a normal fp32; "
+                         f"no score of fp16-range inputs past fp32), got {scale:g}")
+    if softcap > 0:
+        cap_lowest = scale / FP32_MAX
+        cap_highest = min(FP32_MAX / _LOG2E, scale * SOFTCAP_REACH)
+        if not cap_lowest <= softcap <= cap_highest:
+            raise ValueError(f"{softcap_name} must be 0 (off) or in [{cap_lowest:.4g}, "
+                             f"{cap_highest:.4g}] for the fp32 Triton kernel with "
+                             f"{scale_name} {scale:g} (softcap * log2(e) a finite fp32, "
+                             f"{scale_name} / softcap in [2**-100, fp32 max]), got {softcap:g}")
+
+
+def check_strided(name: str, tensor: Any) -> Any:
+    """``tensor`` if it is a dense (strided) tensor; TypeError naming it for a sparse or
+    nested one, which no kernel or reference reads (torch's own error from deep inside
+    the computation is no answer).  Duck-typed: torch is never imported here."""
+    if getattr(tensor, "is_nested", False):
+        raise ArgumentTypeError(f"{name} must be a dense (strided) tensor, got a nested tensor")
+    layout = str(getattr(tensor, "layout", "torch.strided"))
+    if layout != "torch.strided":
+        raise ArgumentTypeError(f"{name} must be a dense (strided) tensor, got layout {layout}")
+    return tensor
+
+
+def check_index_tensor(name: str, tensor: Any, *, device: Any) -> Any:
+    """An index tensor (``cu_seqlens_q/k``, ``cache_seqlens``, ``cache_batch_idx``,
+    ``cache_leftpad``, ``block_table``) as the kernels read it: the one rule for all.
+
+    Refused by name: not a tensor, sparse or nested (TypeError), a dtype other than
+    torch.int32 (TypeError), another device than ``device`` or the meta device, whose
+    values cannot be read (ValueError).  Accepted with any strides: the kernels read an
+    index tensor with unit stride, so a view (a slice with a step, an expanded or
+    transposed one) comes back as a contiguous copy -- one tiny copy, never a misread.
+    """
+    if not _is_tensor_like(tensor) or not hasattr(tensor, "contiguous"):
+        raise ArgumentTypeError(f"{name} must be a torch.int32 tensor, got "
+                                f"{type(tensor).__name__}")
+    check_strided(name, tensor)
+    if str(tensor.dtype) != "torch.int32":
+        raise ArgumentTypeError(f"{name} must have dtype torch.int32, got {tensor.dtype}")
+    if tensor.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {tensor.device}")
+    if tensor.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: attnlab reads its values, and a meta "
+                         "tensor has none")
+    return tensor.contiguous()
 
 
 def _type_name(kind: type) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from attnlab.checks import check_instance
+from attnlab.checks import check_instance, check_strided
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def check_packed(q, k, v) -> None:
 
 def _check_tensor_triple(q, k, v, layout: Layout) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_instance(name, t, torch.Tensor)
+        check_strided(name, check_instance(name, t, torch.Tensor))
         if t.dim() != layout.rank:
             raise ValueError(f"{name} must be {layout.rank}-D {layout.dims}, got shape "
                              f"{tuple(t.shape)}")

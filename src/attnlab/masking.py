@@ -124,10 +124,19 @@ def effective_window(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
     return (left, 0) if causal else (left, right)
 
 
+def reach_window(window: tuple[int, int], seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+    """The same band with each bounded side cut to ``seqlen_q + seqlen_k``: a side that
+    long already reaches every key, so (2**70, 0) sees what (seqlen_q + seqlen_k, 0)
+    sees, and the cut keeps the kernels' and the reference's integer arithmetic small
+    (a window past 2**63 was an OverflowError).  -1 (unbounded) stays -1."""
+    reach = seqlen_q + seqlen_k
+    return tuple(side if side < reach else reach for side in window)
+
+
 def visible_band(seqlen_q: int, seqlen_k: int, *, causal: bool = False,
                  window: tuple[int, int] = (-1, -1)) -> KeyBand:
     """The one definition of which keys a query row may see (flash-attn's semantics)."""
-    left, right = effective_window(causal, window)
+    left, right = reach_window(effective_window(causal, window), seqlen_q, seqlen_k)
     offset = seqlen_k - seqlen_q  # bottom-right alignment of the last query with the last key
     return KeyBand(
         seqlen_q=seqlen_q,

@@ -9,7 +9,13 @@ import threading
 
 import torch
 
-from attnlab.checks import check_softcap, check_window
+from attnlab.checks import (
+    check_instance,
+    check_kernel_scales,
+    check_softcap,
+    check_strided,
+    check_window,
+)
 from attnlab.reference.inputs import check_reference_dtype
 
 IMPLS = ("auto", "triton", "reference")
@@ -71,6 +77,21 @@ def _check_options(window_size, softcap) -> tuple[tuple[int, int], float]:
     return check_window(window_size, name="window_size"), check_softcap(softcap, name="softcap")
 
 
+def _check_tensor(name: str, tensor) -> torch.Tensor:
+    """A dense torch.Tensor argument (q, k, v, a cache): TypeError naming it for another
+    type, a sparse or a nested tensor."""
+    return check_strided(name, check_instance(name, tensor, torch.Tensor))
+
+
+def _check_has_data(**tensors: torch.Tensor) -> None:
+    """ValueError naming a meta tensor where attnlab must read or write values (a kernel
+    launch, the KV cache's append and gather): a meta tensor has none."""
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device: this call reads its values, "
+                             "and a meta tensor has none")
+
+
 def check_impl(impl) -> str:
     """``impl`` if it names an implementation, else the ValueError listing them."""
     if impl not in IMPLS:
@@ -92,8 +113,11 @@ def _resolve_impl(impl: str, q: torch.Tensor) -> str:
     return impl
 
 
-def _triton_ready(q, k, v, head_dim: int):
-    """q, k, v as the Triton kernels take them (fp16/bf16, head_dim <= 256, unit last stride)."""
+def _check_triton_inputs(q, head_dim: int, scale: float, softcap: float,
+                         scale_name: str = "softmax_scale") -> None:
+    """What every Triton kernel needs of q and the scalars: fp16/bf16, head_dim <= 256,
+    data (not meta), and a scale and softcap its fp32 arithmetic represents
+    (:func:`attnlab.checks.check_kernel_scales`)."""
     from attnlab.kernels.forward import MAX_HEAD_DIM, SUPPORTED_DTYPES
 
     if q.dtype not in SUPPORTED_DTYPES:
@@ -101,6 +125,15 @@ def _triton_ready(q, k, v, head_dim: int):
             f"the Triton kernel takes dtype torch.float16 or torch.bfloat16, got {q.dtype}")
     if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be <= {MAX_HEAD_DIM} for the Triton kernel, got {head_dim}")
+    _check_has_data(q=q)
+    check_kernel_scales(scale, softcap, head_dim, scale_name=scale_name)
+
+
+def _triton_ready(q, k, v, head_dim: int, scale: float, softcap: float,
+                  scale_name: str = "softmax_scale"):
+    """q, k, v as the Triton kernels take them (:func:`_check_triton_inputs`; unit last
+    stride)."""
+    _check_triton_inputs(q, head_dim, scale, softcap, scale_name)
     # The kernel needs unit stride along head_dim; anything else costs one copy.
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
 

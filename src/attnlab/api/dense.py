@@ -8,13 +8,14 @@ import torch
 from attnlab.api.common import (
     _check_options,
     _check_reference_dtypes,
+    _check_tensor,
     _record_impl,
     _refuse_unsupported,
     _resolve_impl,
     _triton_ready,
     documents_impl,
 )
-from attnlab.checks import check_bool, check_instance, check_scale
+from attnlab.checks import check_bool, check_scale
 from attnlab.inputs import AttentionInputs
 
 
@@ -26,7 +27,7 @@ def _run(q, k, v, *, layout: str, scale, causal: bool, window: tuple[int, int],
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(scale, inputs.head_dim, name=scale_name)
     if impl == "triton":
-        q, k, v = _triton_ready(q, k, v, inputs.head_dim)
+        q, k, v = _triton_ready(q, k, v, inputs.head_dim, scale, softcap, scale_name)
         from attnlab.kernels.autograd import attention_forward
         from attnlab.kernels.decode import flash_decode, prefers_decode
 
@@ -80,7 +81,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
 
 def _check_packed(name: str, packed, dim: int, parts: int) -> None:
-    check_instance(name, packed, torch.Tensor)
+    _check_tensor(name, packed)
     if packed.dim() != dim or packed.shape[dim - 3] != parts:
         layout = "(batch, seqlen, 3, heads, head_dim)" if parts == 3 else \
             "(batch, seqlen, 2, kv_heads, head_dim)"
@@ -147,7 +148,8 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=
     enable_gqa = check_bool("enable_gqa", enable_gqa)
     return_lse = check_bool("return_lse", return_lse)
     window, softcap = _check_options(window_size, softcap)
-    four_d = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
+    q, k = _check_tensor("q", q), _check_tensor("k", k)
+    four_d = q.dim() == 4 == k.dim()
     if four_d and q.shape[1] != k.shape[1] and not enable_gqa:
         raise ValueError(f"q has {q.shape[1]} heads and k/v {k.shape[1]}: pass enable_gqa=True "
                          "for grouped-query attention")

@@ -131,7 +131,7 @@ def _used_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max
                      max_seqlen_k) -> tuple[torch.Tensor, torch.Tensor]:
     """cu_seqlens of 3 x batch sequences that run seqused exactly (see flash_attn_varlen_func):
     per sequence b, (used q, used k), (unused q, no k), (no q, unused k)."""
-    lengths_q, lengths_k = varlen._sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k)
+    *_, lengths_q, lengths_k = varlen._sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k)
     batch = len(lengths_q)
     used = []
     for name, seqused, lengths in (("seqused_q", seqused_q, lengths_q),
@@ -139,7 +139,7 @@ def _used_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max
         if seqused is None:
             used.append(lengths)
             continue
-        kvcache._check_index_tensor(name, seqused, batch, q.device)
+        seqused = kvcache._check_per_sequence(name, seqused, batch, q.device)
         counts = seqused.tolist()
         for b, (count, length) in enumerate(zip(counts, lengths, strict=True)):
             if not 0 <= count <= length:
@@ -243,7 +243,8 @@ def _page_rows(page_table, cache_batch_idx, batch: int, device) -> torch.Tensor:
                         f"{getattr(page_table, 'shape', type(page_table).__name__)}")
     if page_table.device != device:
         raise ValueError(f"page_table must be on q's device {device}, got {page_table.device}")
-    kvcache._check_index_tensor("cache_batch_idx", cache_batch_idx, batch, device)
+    cache_batch_idx = kvcache._check_per_sequence("cache_batch_idx", cache_batch_idx, batch,
+                                                  device)
     if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         for b, row in enumerate(cache_batch_idx.tolist()):
             if not 0 <= row < page_table.shape[0]:
@@ -274,7 +275,7 @@ def _per_sequence(q, k_cache, v_cache, k, v, cu_seqlens_q, cu_seqlens_k_new, max
             raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and "
                              f"{tuple(v.shape)}")
         named.append(("cu_seqlens_k_new", cu_seqlens_k_new, "k", k.shape[0]))
-    lengths = varlen.cumulative_lengths(q.device, *named)
+    _, lengths = varlen.cumulative_lengths(q.device, *named)
     lengths_q = lengths[0] if varlen_q else [q.shape[1]] * q.shape[0]
     lengths_k = lengths[-1] if varlen_k else None
     batch = len(lengths[0])
@@ -288,7 +289,7 @@ def _per_sequence(q, k_cache, v_cache, k, v, cu_seqlens_q, cu_seqlens_k_new, max
         raise ValueError(f"k's batch ({k.shape[0]}) must equal cu_seqlens_q's ({batch})")
     for name in ("cache_seqlens", "cache_batch_idx", "cache_leftpad", "rotary_seqlens"):
         if isinstance(options[name], torch.Tensor):
-            kvcache._check_index_tensor(name, options[name], batch, q.device)
+            options[name] = kvcache._check_per_sequence(name, options[name], batch, q.device)
     table = options["block_table"]
     if isinstance(table, torch.Tensor) and (table.dim() != 2 or table.shape[0] != batch):
         raise ValueError(f"page_table must be (batch, max_pages) = ({batch}, ...), got "

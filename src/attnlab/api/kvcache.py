@@ -6,32 +6,49 @@ from __future__ import annotations
 import torch
 
 from attnlab.api.common import (
+    _check_has_data,
     _check_options,
     _check_reference_dtypes,
+    _check_tensor,
+    _check_triton_inputs,
     _record_impl,
     _refuse_unsupported,
     _resolve_impl,
     documents_impl,
 )
-from attnlab.checks import check_bool, check_instance, check_int, check_scale
+from attnlab.checks import check_bool, check_index_tensor, check_int, check_scale
 
 
-def _check_index_tensor(name: str, t, batch: int, device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of dtype torch.int32, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name} must have dtype torch.int32, got {t.dtype}")
+def _check_per_sequence(name: str, t, batch: int, device) -> torch.Tensor:
+    """A (batch,) index tensor as the kernel reads it (:func:`attnlab.checks.check_index_tensor`)."""
+    t = check_index_tensor(name, t, device=device)
     if t.dim() != 1 or t.shape[0] != batch:
         raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on q's device {device}, got {t.device}")
+    return t
+
+
+def _check_append_destination(name: str, cache: torch.Tensor) -> None:
+    """ValueError when an in-place append into ``cache`` could write one element for two
+    positions: a stride-0 (expanded) or otherwise self-overlapping view.  Sorted by stride,
+    each dimension must step past everything the smaller-stride dimensions span."""
+    span = 0
+    for size, stride in sorted(((n, st) for n, st in zip(cache.shape, cache.stride(), strict=True)
+                                if n > 1), key=lambda dim: dim[1]):
+        if stride <= span:
+            raise ValueError(
+                f"{name} has overlapping memory (strides {tuple(cache.stride())} for shape "
+                f"{tuple(cache.shape)}, e.g. an expand()ed view): appending k/v in place would "
+                "write one element for several cache positions; pass a cache that owns its "
+                "memory (.contiguous() or .clone())")
+        span += stride * (size - 1)
 
 
 def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                           cache_batch_idx, cache_leftpad, block_table) -> int:
-    """Shapes, dtypes and devices of flash_attn_with_kvcache's tensors; returns the capacity."""
+                           cache_batch_idx, cache_leftpad, block_table) -> tuple[int, dict]:
+    """Shapes, dtypes and devices of flash_attn_with_kvcache's tensors.  Returns the
+    capacity and the index tensors as the kernel reads them (contiguous int32)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_instance(name, t, torch.Tensor)
+        _check_tensor(name, t)
     if q.dim() != 4 or min(q.shape) == 0:
         raise ValueError(f"q must be 4-D (batch, seqlen_q, heads, head_dim), non-empty; got "
                          f"shape {tuple(q.shape)}")
@@ -56,14 +73,10 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
         raise ValueError(f"k_cache's kv_heads ({kv_heads}) must divide q's heads ({heads})")
 
     if paged:
-        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
-            raise TypeError(f"block_table must be a torch.int32 tensor (batch, max_pages), got "
-                            f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+        block_table = check_index_tensor("block_table", block_table, device=q.device)
         if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
             raise ValueError(f"block_table must be (batch, max_pages) = ({batch}, >= 1), got "
                              f"{tuple(block_table.shape)}")
-        if block_table.device != q.device:
-            raise ValueError(f"block_table must be on q's device {q.device}, got {block_table.device}")
         page_size = k_cache.shape[1]
         if page_size % 16:
             raise ValueError(f"the paged cache's page size (k_cache.shape[1]) must be a multiple "
@@ -79,11 +92,12 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
         if cache_batch_idx is None and k_cache.shape[0] != batch:
             raise ValueError(f"k_cache's batch ({k_cache.shape[0]}) must equal q's ({batch}) "
                              "unless cache_batch_idx picks the rows")
-    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
-        if t is not None:
-            _check_index_tensor(name, t, batch, q.device)
+    if cache_batch_idx is not None:
+        cache_batch_idx = _check_per_sequence("cache_batch_idx", cache_batch_idx, batch, q.device)
+    if cache_leftpad is not None:
+        cache_leftpad = _check_per_sequence("cache_leftpad", cache_leftpad, batch, q.device)
     if isinstance(cache_seqlens, torch.Tensor):
-        _check_index_tensor("cache_seqlens", cache_seqlens, batch, q.device)
+        cache_seqlens = _check_per_sequence("cache_seqlens", cache_seqlens, batch, q.device)
     elif cache_seqlens is not None and cache_seqlens > capacity:
         raise ValueError(f"cache_seqlens must be an int in [0, capacity = {capacity}], got "
                          f"{cache_seqlens}")
@@ -92,7 +106,7 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
         raise ValueError("k and v must both be given (new keys and values to append) or both None")
     if k is not None:
         for name, t in (("k", k), ("v", v)):
-            check_instance(name, t, torch.Tensor)
+            _check_tensor(name, t)
             if t.dim() != 4 or t.shape[0] != batch or t.shape[1] == 0 or t.shape[2:] != (kv_heads, head_dim):
                 raise ValueError(f"{name} must be (batch, seqlen_new, kv_heads, head_dim) = "
                                  f"({batch}, >= 1, {kv_heads}, {head_dim}), got {tuple(t.shape)}")
@@ -107,6 +121,11 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
         if isinstance(cache_seqlens, int) and cache_seqlens + k.shape[1] > capacity:
             raise ValueError(f"cache_seqlens + seqlen_new ({cache_seqlens} + {k.shape[1]}) must be "
                              f"<= the cache capacity {capacity}")
+        _check_append_destination("k_cache", k_cache)
+        _check_append_destination("v_cache", v_cache)
+        if k_cache.data_ptr() == v_cache.data_ptr() and k_cache.device.type != "meta":
+            raise ValueError("k_cache and v_cache are the same memory: appending v in place "
+                             "would overwrite the keys just appended")
 
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos and rotary_sin must both be given or both None")
@@ -130,7 +149,10 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
         if rotary_cos.shape[0] < capacity:
             raise ValueError(f"rotary_cos/rotary_sin must cover every cache position: seqlen_ro "
                              f"({rotary_cos.shape[0]}) must be >= the cache capacity {capacity}")
-    return capacity
+    # Every call reads the cache's values (and an append writes them), on either impl.
+    _check_has_data(q=q, k_cache=k_cache, v_cache=v_cache)
+    return capacity, dict(cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+                          cache_leftpad=cache_leftpad, block_table=block_table)
 
 
 def _check_kvcache_contents(q, k_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
@@ -182,17 +204,56 @@ def _check_kvcache_contents(q, k_cache, cache_seqlens, cache_batch_idx, cache_le
         flags.append(bad.any())
     # Rotary positions start at rotary_seqlens (FA3's) when given, else at cache_seqlens.
     rotary_starts = starts if rotary_seqlens is None else rotary_seqlens.to(torch.int64)
+    destinations = _append_destinations(starts, seqlen_new, cache_batch_idx, block_table,
+                                        row_size=k_cache.shape[1])
+    if destinations is not None:
+        flat = destinations.flatten().sort().values
+        flags.append((flat[1:] == flat[:-1]).any())
     summary = torch.stack([torch.stack(flags).to(torch.int64).max(), (ends - firsts).max(),
                            rotary_starts.max() + rotary_positions, rotary_starts.min()]).tolist()
     if summary[0]:
         _raise_bad_indices(starts, ends, firsts, cache_batch_idx, block_table, k_cache, capacity,
                            seqlen_new)
+        _raise_shared_destination(destinations, block_table)
     if rotary_len and summary[3] < 0:
         raise ValueError(f"rotary_seqlens must be >= 0, got a minimum of {summary[3]}")
     if rotary_len and summary[2] > rotary_len:
         raise ValueError(f"rotary_cos/rotary_sin have {rotary_len} positions but this call "
                          f"rotates up to position {summary[2] - 1}")
     return int(summary[1])
+
+
+def _append_destinations(starts, seqlen_new, cache_batch_idx, block_table, *, row_size):
+    """(batch, seqlen_new) flat cache slots the append writes, or None when they cannot
+    collide (no append, or each sequence its own cache row).  ``row_size`` is
+    k_cache.shape[1]: a contiguous cache's slot is row * capacity + position, a paged
+    one's page * page_size + position % page_size (out-of-range entries are clamped here:
+    their own check names them first)."""
+    if not seqlen_new or (cache_batch_idx is None and block_table is None):
+        return None
+    positions = starts[:, None] + torch.arange(seqlen_new, device=starts.device)
+    if block_table is None:
+        return cache_batch_idx.to(torch.int64)[:, None] * row_size + positions
+    columns = (positions // row_size).clamp(0, block_table.shape[1] - 1)
+    pages = torch.gather(block_table.to(torch.int64), 1, columns)
+    return pages * row_size + positions % row_size
+
+
+def _raise_shared_destination(destinations, block_table) -> None:
+    """The error for two sequences appending into one cache slot (one would overwrite the
+    other's new key in place)."""
+    if destinations is None:
+        return
+    name = "block_table" if block_table is not None else "cache_batch_idx"
+    owner: dict[int, int] = {}
+    for b, row in enumerate(destinations.tolist()):
+        for slot in row:
+            if slot in owner:
+                raise ValueError(f"{name} makes sequences {owner[slot]} and {b} append into one "
+                                 f"cache slot: the in-place append would overwrite new keys "
+                                 f"with other new keys; give each sequence its own "
+                                 f"{'pages' if block_table is not None else 'cache row'}")
+            owner[slot] = b
 
 
 def _raise_bad_indices(starts, ends, firsts, cache_batch_idx, block_table, k_cache, capacity,
@@ -265,7 +326,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     "reference" (float64 oracle) or "auto".
     """
     from attnlab.kernels.decode import MAX_SPLITS, flash_decode
-    from attnlab.kernels.forward import MAX_HEAD_DIM, SUPPORTED_DTYPES
     from attnlab.reference.decode import (
         append_to_cache,
         apply_rotary,
@@ -284,18 +344,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         max_seqlen_k = check_int("max_seqlen_k", max_seqlen_k, minimum=0)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = check_int("cache_seqlens", cache_seqlens, minimum=0)
-    capacity = _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                      cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    capacity, indices = _check_kvcache_tensors(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table)
+    cache_seqlens, cache_batch_idx = indices["cache_seqlens"], indices["cache_batch_idx"]
+    cache_leftpad, block_table = indices["cache_leftpad"], indices["block_table"]
     if rotary_seqlens is not None:
-        _check_index_tensor("rotary_seqlens", rotary_seqlens, q.shape[0], q.device)
+        rotary_seqlens = _check_per_sequence("rotary_seqlens", rotary_seqlens, q.shape[0],
+                                             q.device)
     impl = _resolve_impl(impl, q)
     batch, seqlen_q, _, head_dim = q.shape
     scale = check_scale(softmax_scale, head_dim, name="softmax_scale")
     if impl == "triton":
-        if q.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"the Triton kernel takes dtype torch.float16 or torch.bfloat16, got {q.dtype}")
-        if head_dim > MAX_HEAD_DIM:
-            raise ValueError(f"head_dim must be <= {MAX_HEAD_DIM} for the Triton kernel, got {head_dim}")
+        _check_triton_inputs(q, head_dim, scale, softcap)
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             if t.stride(-1) != 1:
                 raise ValueError(f"{name} must have unit stride along head_dim (it is updated in "
@@ -331,9 +392,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if impl == "triton":
         if q.stride(-1) != 1:
             q = q.contiguous()
-        if block_table is not None and block_table.stride(1) != 1:
-            block_table = block_table.contiguous()
-            options["block_table"] = block_table
         out, lse = flash_decode(q, k_cache, v_cache, num_splits=num_splits,
                                 max_seqlen_k=max_seqlen_k if max_seqlen_k is not None else live_max,
                                 **options)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.checks import check_strided
+
 # The layouts merge_state accepts, named once for its errors and docs.
 MERGE_STATE_LAYOUTS = (
     "4-D v (batch, seqlen, heads, dim) with s (batch, heads, seqlen) -- what flash_attn_func "
@@ -27,6 +29,7 @@ def _check_state(v_name: str, v, s_name: str, s) -> None:
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point torch.Tensor, got "
                             f"{getattr(t, 'dtype', type(t).__name__)}")
+        check_strided(name, t)
     if v.dim() < 1:
         raise ValueError(f"{v_name} must have a last (head_dim) dimension, got a 0-d tensor")
     if s.device != v.device:

@@ -14,30 +14,37 @@ from attnlab.api.common import (
     _triton_ready,
     documents_impl,
 )
-from attnlab.checks import check_bool, check_instance, check_int, check_scale
+from attnlab.checks import (
+    check_bool,
+    check_index_tensor,
+    check_instance,
+    check_int,
+    check_scale,
+)
 from attnlab.inputs import check_packed
 
 
-def _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k) -> tuple[list[int], list[int]]:
-    """Per-sequence lengths from validated cu_seqlens: one device-to-host copy of both."""
-    return tuple(cumulative_lengths(q.device, ("cu_seqlens_q", cu_seqlens_q, "q", q.shape[0]),
-                                    ("cu_seqlens_k", cu_seqlens_k, "k", k.shape[0])))
+def _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k
+                      ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+    """cu_seqlens_q/k as the kernel reads them and the per-sequence lengths they hold."""
+    (cu_q, cu_k), (lengths_q, lengths_k) = cumulative_lengths(
+        q.device, ("cu_seqlens_q", cu_seqlens_q, "q", q.shape[0]),
+        ("cu_seqlens_k", cu_seqlens_k, "k", k.shape[0]))
+    return cu_q, cu_k, lengths_q, lengths_k
 
 
-def cumulative_lengths(device, *named) -> list[list[int]]:
-    """Per-sequence lengths of each ``(name, cu_seqlens, tensor name, its total tokens)``.
+def cumulative_lengths(device, *named) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Each ``(name, cu_seqlens, tensor name, its total tokens)``'s cu_seqlens as the
+    kernels read it (:func:`attnlab.checks.check_index_tensor`: int32 on ``device``, any
+    strides taken as given, handed back contiguous) and its per-sequence lengths.
 
-    Every cu_seqlens must be an int32 tensor on ``device``, 1-D with batch + 1 >= 2
-    entries (the same batch for all), start at 0, never decrease and end at the
-    tensor's total; their values are read with one device-to-host copy.
+    Every cu_seqlens must be 1-D with batch + 1 >= 2 entries (the same batch for all),
+    start at 0, never decrease and end at the tensor's total; their values are read
+    with one device-to-host copy.
     """
+    named = [(name, check_index_tensor(name, cu, device=device), tensor, total)
+             for name, cu, tensor, total in named]
     for name, cu, _, _ in named:
-        if not isinstance(cu, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.int32 tensor, got {type(cu).__name__}")
-        if cu.dtype != torch.int32:
-            raise TypeError(f"{name} must have dtype torch.int32, got {cu.dtype}")
-        if cu.device != device:
-            raise ValueError(f"{name} must be on q's device {device}, got {cu.device}")
         if cu.dim() != 1 or cu.shape[0] < 2:
             raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape "
                              f"{tuple(cu.shape)}")
@@ -62,7 +69,7 @@ def cumulative_lengths(device, *named) -> list[list[int]]:
             raise ValueError(f"{name}[-1] must equal {tensor}'s total tokens {total} "
                              f"({tensor}.shape[0]), got {cu[-1]}")
         lengths.append(steps)
-    return lengths
+    return [cu for _, cu, _, _ in named], lengths
 
 
 def _check_max_seqlen(name: str, value, lengths: list[int]) -> int:
@@ -134,12 +141,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     check_packed(q, k, v)
     impl = _resolve_impl(impl, q)
     scale = check_scale(softmax_scale, q.shape[-1], name="softmax_scale")
-    lengths_q, lengths_k = _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k)
+    cu_seqlens_q, cu_seqlens_k, lengths_q, lengths_k = _sequence_lengths(
+        cu_seqlens_q, cu_seqlens_k, q, k)
     _check_max_seqlen("max_seqlen_q", max_seqlen_q, lengths_q)
     _check_max_seqlen("max_seqlen_k", max_seqlen_k, lengths_k)
     options = dict(scale=scale, causal=causal, window=window, softcap=softcap)
     if impl == "triton":
-        q, k, v = _triton_ready(q, k, v, q.shape[-1])
+        q, k, v = _triton_ready(q, k, v, q.shape[-1], scale, softcap)
         from attnlab.kernels.autograd import attention_forward
 
         # The launch grid covers the longest real sequence, not the caller's bound.

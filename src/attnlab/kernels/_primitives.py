@@ -67,17 +67,50 @@ def _online_softmax_step(qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset,
         if HAS_LEFT:
             visible = visible & (offs_n[None, :] >= offs_m[:, None] + diag_offset - window_left)
         qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
-        # A row that has seen no visible key yet keeps m = -inf; subtracting 0
-        # instead of -inf makes exp2 give 0 rather than NaN.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
-        m_safe = m_new
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
+    # A row whose scores so far are all -inf (hidden keys, or -inf scores of an -inf key
+    # in an unmasked tile too) keeps m = -inf; measuring from 0 instead makes exp2 give 0
+    # rather than exp2(-inf + inf) = NaN.  One select per row and tile, not per score.
+    # A NaN score is dropped by the max (maxnum) but not by the sum: l becomes NaN and
+    # stays NaN, which _finish_rows turns into NaN O and LSE.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(qk * score_scale - m_safe[:, None])
     alpha = tl.math.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_i
+
+
+@triton.jit
+def _row_sees_keys(offs_m, key_lo, key_hi, diag_offset, window_left, window_right,
+                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Whether each row offs_m sees at least one key of [key_lo, key_hi): the band's
+    closed form, per row (once, after the loop)."""
+    first = tl.zeros_like(offs_m) + key_lo
+    last = tl.zeros_like(offs_m) + (key_hi - 1)
+    if HAS_LEFT:
+        first = tl.maximum(first, offs_m + diag_offset - window_left)
+    if HAS_RIGHT:
+        last = tl.minimum(last, offs_m + diag_offset + window_right)
+    return first <= last
+
+
+@triton.jit
+def _finish_rows(acc, l_i, m_i, sees_key):
+    """(O, LSE in natural log) of each row from its final state: one division per row.
+
+    l = 0 has two meanings, told apart by ``sees_key`` (:func:`_row_sees_keys`): a row
+    that sees no key outputs O = 0, LSE = -inf (the convention); a row whose every
+    visible score was -inf gives 0/0 = NaN, as softmax does, with LSE = log(0) = -inf.
+    A NaN l (a NaN score, or a +inf score: exp2(inf - inf)) gives NaN O and NaN LSE:
+    never mistaken for "saw no key", which an ``l > 0`` test would do (NaN > 0 is False),
+    so a split-KV combine or a merge cannot drop it.  Costs nothing in the loop."""
+    no_key = (l_i == 0.0) & ~sees_key
+    l_safe = tl.where(no_key, 1.0, l_i)
+    # Exactly 0, not acc / 1: a hidden key's NaN value in a loaded tile (p = 0 times
+    # NaN in the MMA) must not reach a row that sees no key at all.
+    out = tl.where(no_key[:, None], 0.0, acc / l_safe[:, None])
+    lse = tl.where(no_key, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    return out, lse
 
 
 # TRITON_INTERPRET=1 at import makes every @triton.jit an InterpretedFunction.

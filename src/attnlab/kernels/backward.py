@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from attnlab.checks import check_instance
+from attnlab.checks import check_index_tensor, check_instance
 from attnlab.inputs import AttentionInputs, layout_named
 from attnlab.kernels._compat import gluon_refusal
 from attnlab.kernels._launch import (
@@ -66,7 +66,7 @@ from attnlab.kernels.configs import (
     backward_config,
     head_dim_padded,
 )
-from attnlab.masking import effective_window
+from attnlab.masking import effective_window, reach_window
 from attnlab.shapes import AttentionShape
 
 if TYPE_CHECKING:  # the Gluon module is imported only on the Triton it was built for
@@ -138,6 +138,10 @@ def _dkdv_tiles(
         dv = _mma(p_t.to(do.dtype), do, dv, UPCAST_DOT)
         dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST_DOT)
         ds_t = p_t * (dp_t - delta[None, :])
+        if MASKED:
+            # A hidden key's P is 0, but 0 * NaN is NaN: a row whose O is NaN (D = NaN)
+            # must not reach the dK of keys it never saw.  Band-edge tiles only.
+            ds_t = tl.where(visible, ds_t, 0.0)
         if HAS_SOFTCAP:
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)
         dk = _mma(ds_t.to(q.dtype), q, dk, UPCAST_DOT)
@@ -423,23 +427,27 @@ def _check_dout(dout, out) -> None:
         raise ValueError(f"dout must be on the output's device {out.device}, got {dout.device}")
 
 
-def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
-    """Checks the cu_seqlens pair of a varlen call (and that a dense call has none)."""
+def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A varlen call's cu_seqlens pair as the kernels read them
+    (:func:`attnlab.checks.check_index_tensor`: int32 on q's device, contiguous); a dense
+    call must pass none."""
     if not layout_named(layout).is_varlen:
         if cu_seqlens_q is not None or cu_seqlens_k is not None:
             raise ValueError(f"cu_seqlens_q/cu_seqlens_k need layout='thd', got layout={layout!r}")
-        return
+        return None, None
+    cu_seqlens_q = check_index_tensor("cu_seqlens_q", cu_seqlens_q, device=q.device)
+    cu_seqlens_k = check_index_tensor("cu_seqlens_k", cu_seqlens_k, device=q.device)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-            raise TypeError(f"{name} must be a 1-D torch.int32 tensor for layout='thd'")
-        if cu.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+        if cu.dim() != 1:
+            raise ValueError(f"{name} must be 1-D for layout='thd', got shape {tuple(cu.shape)}")
     if cu_seqlens_q.numel() != cu_seqlens_k.numel() or cu_seqlens_q.numel() < 2:
         raise ValueError("cu_seqlens_q and cu_seqlens_k must have the same length batch + 1 >= 2, "
                          f"got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int for layout='thd', got {value!r}")
+    return cu_seqlens_q, cu_seqlens_k
 
 
 # One direct launcher per kernel: the compiled kernels it keeps outlive the calls.
@@ -514,7 +522,8 @@ def flash_backward(
     """
     layout_named(layout)  # a name this module cannot read is refused before any plan
     _check_dout(dout, out)
-    _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    cu_seqlens_q, cu_seqlens_k = _check_varlen(
+        layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
     q, k, v, out, dout = (_unit_last_stride(t) for t in (q, k, v, out, dout))
@@ -586,7 +595,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     # LSE: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
     stat_strides = (0, lse.stride(0)) if lay.is_varlen else (lse.stride(0), lse.stride(1))
 
-    window_left, window_right = effective_window(causal, window)
+    window_left, window_right = reach_window(effective_window(causal, window), seqlen_q, seqlen_k)
     has_left, has_right = window_left >= 0, window_right >= 0
     head_dim_pad = head_dim_padded(head_dim)
     interpreted = kernel_is_interpreted()

@@ -125,6 +125,10 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
         dp_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, v_wg))
         delta = delta_smem.index(stage).load(row_layout)
         ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+        if MASKED:
+            # P = 0 for a hidden key, but 0 * NaN is NaN: a row whose O is NaN (D = NaN)
+            # must not reach the dK of keys it never saw (kernels/backward.py does the same).
+            ds_t = gl.where(visible, ds_t, 0.0)
         dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, dk,
                            is_async=True)
         dv, dk, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, q_tile, do_tile))

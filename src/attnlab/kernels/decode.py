@@ -42,14 +42,16 @@ import triton.language as tl
 from attnlab.inputs import layout_named
 from attnlab.kernels._primitives import (
     LOG2E,
+    _finish_rows,
     _kv_band_bounds,
     _load_kv_tile,
     _mma,
     _online_softmax_step,
+    _row_sees_keys,
     kernel_is_interpreted,
 )
 from attnlab.kernels.configs import DecodeConfig, decode_config, head_dim_padded
-from attnlab.masking import effective_window
+from attnlab.masking import effective_window, reach_window
 
 
 @triton.jit
@@ -227,11 +229,12 @@ def _split_kv_decode(
         window_right, qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM,
         HEAD_DIM_PAD, PAGE_SIZE, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
 
-    # A row that saw no key (an empty split, a hidden row) has l = 0: O = 0, LSE = -inf.
-    has_keys = l_i > 0.0
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(has_keys, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    # A row that sees no key of this split (an empty split, a hidden row): O = 0,
+    # LSE = -inf, which the combine drops; a NaN stays NaN (_finish_rows), so the
+    # combine cannot drop it.
+    sees_key = _row_sees_keys(offs_m, split_lo, split_hi, diag_offset, window_left,
+                              window_right, HAS_LEFT, HAS_RIGHT)
+    out, lse = _finish_rows(acc, l_i, m_i, sees_key)
     if WRITE_PARTIAL:
         # Partials are (batch, seqlen_q, heads, num_splits, head_dim) fp32: the combine
         # reads one output row's splits as one contiguous block.
@@ -273,25 +276,32 @@ def _combine_partials(
     for s0 in range(BLOCK_S, num_splits, BLOCK_S):
         chunk = tl.load(lse_row + s0 + offs_s, mask=s0 + offs_s < num_splits, other=float("-inf"))
         lse_max = tl.maximum(lse_max, tl.max(chunk, 0))
-    # All splits empty: measure from 0 so every weight is exp(-inf) = 0, not NaN.
-    base = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    # No split has a finite LSE: measure from 0 so every weight is exp(-inf) = 0, not NaN.
+    all_empty = lse_max == float("-inf")
+    base = tl.where(all_empty, 0.0, lse_max)
 
-    # Pass 2: weights exp(lse_s - base); empty splits weigh 0 and their O is not read.
+    # Pass 2: weights exp(lse_s - base).  A split with LSE = -inf weighs 0 and its O is
+    # not read -- unless no split has a finite LSE: then O is the sum of the splits' O,
+    # 0 where the row sees no key and NaN where every key it sees scored -inf (0/0, as
+    # softmax over the whole row gives).  A NaN LSE (the max drops it) weighs NaN and
+    # its (NaN) O is read: the row comes out NaN, never a silent drop.
     total = tl.zeros([BLOCK_S], dtype=tl.float32)
     acc = tl.zeros([BLOCK_S, HEAD_DIM_PAD], dtype=tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         in_range = s0 + offs_s < num_splits
         lse = tl.load(lse_row + s0 + offs_s, mask=in_range, other=float("-inf"))
         weight = tl.exp(lse - base)
-        used = in_range & (weight > 0.0)
+        o_weight = tl.where(all_empty, 1.0, weight)
+        used = in_range & (o_weight != 0.0)
         o = tl.load(o_row + (s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                     mask=used[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         total += weight
-        acc += weight[:, None] * o
+        acc += o_weight[:, None] * o
     weight_sum = tl.sum(total, 0)
-    sum_safe = tl.where(weight_sum > 0.0, weight_sum, 1.0)
+    no_key = weight_sum == 0.0
+    sum_safe = tl.where(no_key, 1.0, weight_sum)
     out = tl.sum(acc, 0) / sum_safe
-    lse_out = tl.where(weight_sum > 0.0, base + tl.log(sum_safe), float("-inf"))
+    lse_out = tl.where(no_key, float("-inf"), base + tl.log(sum_safe))
     o_ptrs = OUT + off_b * stride_ob + off_m * stride_om + off_h * stride_oh + offs_d
     tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
     tl.store(LSE_OUT + (off_b * num_heads + off_h) * seqlen_q + off_m, lse_out)
@@ -459,7 +469,7 @@ def flash_decode(
     else:
         o_part = lse_part = lse  # never touched: WRITE_PARTIAL is off
 
-    window_left, window_right = effective_window(causal, window)
+    window_left, window_right = reach_window(effective_window(causal, window), seqlen_q, capacity)
     unused = lse  # a valid pointer for arguments a constexpr switch turns off
     grid = (batch * num_kv_heads, num_splits, row_blocks)
     _split_kv_decode[grid](

@@ -40,10 +40,12 @@ from attnlab.kernels._launch import (
 )
 from attnlab.kernels._primitives import (
     LOG2E,
+    _finish_rows,
     _kv_band_bounds,
     _load_kv_tile,
     _mma,
     _online_softmax_step,
+    _row_sees_keys,
     kernel_is_interpreted,
     launch_is_traced,
 )
@@ -52,7 +54,7 @@ from attnlab.kernels.configs import (
     forward_config,
     head_dim_padded,
 )
-from attnlab.masking import effective_window
+from attnlab.masking import effective_window, reach_window
 from attnlab.shapes import AttentionShape
 
 
@@ -199,12 +201,11 @@ def _attn_fwd(
         qk_scale, softcap_log2, softcap_inv,
         BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
 
-    # One division per row, at the end.  A row with no visible key has l = 0:
-    # it outputs zeros and LSE = -inf.
-    has_keys = l_i > 0.0
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(has_keys, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    # One division per row, at the end: a row with no visible key outputs zeros and
+    # LSE = -inf; a NaN stays NaN (_finish_rows).
+    sees_key = _row_sees_keys(offs_m, 0, seqlen_k, diag_offset, window_left, window_right,
+                              HAS_LEFT, HAS_RIGHT)
+    out, lse = _finish_rows(acc, l_i, m_i, sees_key)
 
     o_base = O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]
@@ -353,7 +354,7 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
     out_meta = torch.empty(out_shape, device="meta")
     stride_lse = (0, lse_shape[1]) if lay.is_varlen else (num_heads * seqlen_q, seqlen_q)
 
-    window_left, window_right = effective_window(causal, window)
+    window_left, window_right = reach_window(effective_window(causal, window), seqlen_q, seqlen_k)
     has_left, has_right = window_left >= 0, window_right >= 0
     head_dim_pad = head_dim_padded(head_dim)
     if config is None:

@@ -105,12 +105,10 @@ def _softmax_tile(s, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, qk_scale,
             visible = visible & (gl.expand_dims(offs_n, 0)
                                  <= gl.expand_dims(offs_m, 1) + diag_offset)
         s = gl.where(visible, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        # A row with no visible key so far keeps m = -inf; subtract 0 instead (exp2 -> 0).
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        m_safe = m_new
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    # A row whose scores so far are all -inf (hidden keys, or an -inf key's scores in an
+    # unmasked tile) keeps m = -inf; subtract 0 instead (exp2 -> 0, not NaN).  Per row.
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
     alpha = gl.exp2(m_i - m_safe)
     l_i = l_i * alpha + gl.sum(p, 1)
@@ -331,10 +329,15 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_smem.index(last % STAGES)))
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
 
-        # One division per row; rows with no visible key give O = 0, LSE = -inf.
-        has_keys = l_i > 0.0
-        l_safe = gl.where(has_keys, l_i, 1.0)
-        lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        # One division per row, as kernels/_primitives._finish_rows: a row that sees no key
+        # (causal, above the diagonal) gives O = 0, LSE = -inf; a NaN l (a NaN or +inf
+        # score) gives NaN O and LSE, and l = 0 on a row that sees keys (every score -inf)
+        # 0/0 = NaN.  "Saw no key" comes from the band, never from l alone.
+        no_key = l_i < 0.0  # never: without the causal band every row sees every key
+        if IS_CAUSAL:
+            no_key = (l_i == 0.0) & (offs_m + diag_offset < 0)
+        l_safe = gl.where(no_key, 1.0, l_i)
+        lse = gl.where(no_key, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
         out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
         out = out.to(dtype)
         if VECTOR_STORE:

@@ -141,16 +141,26 @@ def tiled_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: TileP
                                       m_old=m_old, m_new=state.m, alpha=alpha,
                                       l=state.l, a=state.a))
 
-        # One division per row, after the last tile.  l == 0 exactly means the row saw no
-        # key (0 and LSE = -inf); anything else divides, so a NaN or inf that reached the
-        # state (a NaN score, an inf key) reaches O and LSE as in PyTorch's attention.
-        no_key = state.l == 0
+        # One division per row, after the last tile.  l == 0 with no visible key among
+        # these tiles' keys: the row saw no key (0 and LSE = -inf).  Anything else divides,
+        # so a NaN or inf that reached the state (a NaN score, an inf key) reaches O and
+        # LSE as in PyTorch's attention, and a row whose every visible score is -inf gives
+        # 0/0 = NaN with LSE -inf, as torch.softmax does.
+        no_key = (state.l == 0) & ~_sees_key(plan, rows, kv_tiles, q.device)
         safe_l = torch.where(no_key, torch.ones_like(state.l), state.l)
         out[:, :, rows.start:rows.stop] = torch.where(
             no_key.unsqueeze(-1), torch.zeros_like(state.a), state.a / safe_l.unsqueeze(-1))
         lse[:, :, rows.start:rows.stop] = torch.where(
             no_key, torch.full_like(state.m, NEG_INF), state.m + torch.log(safe_l))
     return out, lse
+
+
+def _sees_key(plan: TilePlan, rows: range, kv_tiles: range, device) -> torch.Tensor:
+    """(rows,) bool: whether each query row sees any key of the tiles ``kv_tiles``."""
+    if not kv_tiles:
+        return torch.zeros(len(rows), dtype=torch.bool, device=device)
+    keys = range(plan.key_rows(kv_tiles[0]).start, plan.key_rows(kv_tiles[-1]).stop)
+    return visible_keys(plan.band, rows, keys, device=device).any(dim=-1)
 
 
 def _online_softmax_update(state: _RowState, scores: torch.Tensor,
