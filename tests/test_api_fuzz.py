@@ -499,10 +499,11 @@ def hostile_cases(draw) -> Hostile:
         window = draw(st.sampled_from(HOSTILE_WINDOWS))
     else:
         form = draw(st.sampled_from(TENSOR_FORMS))
-        if form.startswith("expanded") or (form == "meta" and impl == "reference"):
+        if form.startswith("expanded"):   # one cache row for every sequence (not pages)
+            function, seqlen_k = "kvcache", max(seqlen_k, 2)
+        elif form == "meta" and impl == "reference":
             # (the dense reference runs on meta tensors: shapes only, nothing is read)
             function = draw(st.sampled_from(("kvcache", "paged")))
-            seqlen_k = max(seqlen_k, 2)
     dtype = draw(st.sampled_from(TRITON_DTYPES))
     return Hostile(family, function, impl, dtype, seqlen_q, seqlen_k, causal, window, scale,
                    softcap, poison, index, form, draw(st.integers(0, 2**16)))
