@@ -195,20 +195,16 @@ PROFILE_SHAPES = [("d128", 1024, True), ("d128", 2048, True), ("d128", 1024, Fal
 def _kernel_forced(shape: AttentionShape, kernel: str):
     """The public path with this shape's bucket sent to the Gluon kernel (its default
     config) or kept off it, whatever the committed table says."""
-    from attnlab.kernels import forward_sm90
+    from attnlab.kernels import dispatch, forward_sm90
 
-    table = dict(forward_sm90._dispatch_table())
+    table = dict(dispatch.FORWARD_SM90.table())
     key = (shape.head_dim, shape.causal, length_bucket(shape.seqlen_q))
     if kernel == "gluon":
         table[key] = forward_sm90.DEFAULT_CONFIGS[shape.head_dim]
     else:
         table.pop(key, None)
-    committed = forward_sm90._dispatch_table
-    forward_sm90._dispatch_table = lambda: table
-    try:
+    with dispatch.table_override(dispatch.FORWARD_SM90, table):
         yield
-    finally:
-        forward_sm90._dispatch_table = committed
 
 
 @bench.phase("profile", default=False,

@@ -6,7 +6,7 @@ microseconds go before the kernel runs.
 A tiny shape (1 x 128 tokens, one head, d = 128) keeps the GPU's work at a few
 microseconds, so each layer's time per call is host time.  Layers, outermost first:
 ``attnlab.attention`` (validation, dispatch, launch), ``kernels.forward.flash_forward``
-(dispatch + launch), ``forward_sm90.dispatch_config``, ``forward_sm90.launch``
+(dispatch + launch), ``dispatch.forward_config``, ``forward_sm90.launch``
 (descriptors + JIT launch), the three TMA descriptors alone, the JIT launch with
 prebuilt descriptors, and Triton's compiled-kernel launcher called directly (what a
 launch costs without the JIT's argument binding); the Triton kernel's
@@ -238,12 +238,13 @@ def phase_forward(ctx) -> None:
 
     import attnlab
     from attnlab.kernels import _sm90 as sm90_host
+    from attnlab.kernels import dispatch
     from attnlab.kernels import forward_sm90 as sm90
     from attnlab.kernels.configs import forward_config
     from attnlab.kernels.forward import flash_forward
     from attnlab.shapes import AttentionShape
 
-    env, committed_table = ctx.env, sm90._dispatch_table
+    env, committed_table = ctx.env, dict(dispatch.FORWARD_SM90.table())
     q, k, v = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))  # bhsd: attnlab.attention's layout
     scale = 128 ** -0.5
@@ -252,7 +253,7 @@ def phase_forward(ctx) -> None:
     if sm90.supports(q, k, v, True, config=config)[0]:
         # The public path must take the Gluon kernel whatever the table says at N = 128.
         # (Put back at the end of this phase: the fwdbwd phase's N = 1k must not see it.)
-        sm90._dispatch_table = lambda: {(128, True, b): config for b in (128, 1024)}
+        dispatch._TABLES[dispatch.FORWARD_SM90] = {(128, True, b): config for b in (128, 1024)}
         kernel, meta = sm90._kernel_and_meta(config)
         descriptors = (sm90_host.descriptor(q, "bhsd", sm90.BLOCK_M // 2),
                        sm90_host.descriptor(k, "bhsd", config.block_n),
@@ -281,7 +282,7 @@ def phase_forward(ctx) -> None:
             "attnlab.attention (Gluon)": lambda: attnlab.attention(q, k, v, causal=True),
             "flash_forward (Gluon)": lambda: flash_forward(q, k, v, layout="bhsd",
                                                            scale=scale, causal=True),
-            "dispatch_config": lambda: sm90.dispatch_config(
+            "dispatch.forward_config": lambda: dispatch.forward_config(
                 q, k, v, layout="bhsd", causal=True, window=(-1, -1), softcap=0.0),
             "forward_sm90.launch": lambda: sm90.launch(q, k, v, layout="bhsd", scale=scale,
                                                        causal=True, config=config),
@@ -307,7 +308,7 @@ def phase_forward(ctx) -> None:
         rows.append({"what": "host_cost", "layer": name, "median_us": round(median, 1),
                      "min_us": round(best, 1), "triton": triton.__version__, **env})
         print(f"  {name:42s} {median:7.1f} us/call (min {best:6.1f})", flush=True)
-    sm90._dispatch_table = committed_table
+    dispatch._TABLES[dispatch.FORWARD_SM90] = committed_table
     ctx.write_rows("host_cost.jsonl", rows)
 
 

@@ -4,7 +4,7 @@
 causal, length bucket) and writes ``sm90_winners.json``; this script keeps the buckets
 where the Gluon kernel measured faster and writes them, with the winning config and the
 run's environment, to ``src/attnlab/kernels/sm90_dispatch.json``, which
-``attnlab.kernels.forward_sm90.dispatch_config`` reads.  Nothing in the table is typed
+``attnlab.kernels.dispatch`` reads.  Nothing in the table is typed
 by hand:
 
     python3 bench/sm90_dispatch_table.py OUT/sm90_winners.json \

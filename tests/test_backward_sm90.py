@@ -88,8 +88,9 @@ def test_config_names_round_trip(config):
 
 def test_the_dispatch_table_names_only_valid_configs():
     from attnlab.kernels import backward_sm90
+    from attnlab.kernels.dispatch import DKDV_SM90
 
-    for (head_dim, causal, bucket), config in backward_sm90._dispatch_table().items():
+    for (head_dim, causal, bucket), config in DKDV_SM90.table().items():
         assert head_dim in backward_sm90.SUPPORTED_HEAD_DIMS and isinstance(causal, bool)
         assert bucket in (1024, 2048, 4096, 8192, 16384)
         assert backward_sm90.shared_memory_bytes(head_dim, config) <= SHARED_MEMORY_LIMIT
@@ -128,7 +129,7 @@ def test_the_dq_kernel_writes_lse_and_d_for_the_gluon_kernel(monkeypatch, layout
             grad.zero_()
 
     monkeypatch.setattr(backward, "_PLANS", backward.PlanCache())
-    monkeypatch.setattr(backward, "_sm90_dkdv", lambda *a, **kw: (config, False, a[3]))
+    monkeypatch.setattr(backward.dispatch, "dkdv_config", lambda *a, **kw: (config, False, a[3]))
     monkeypatch.setattr(sm90_host, "launch_cached", keep_descriptors)
     dq, _, _ = backward.flash_backward(dout, q, k, v, out, lse, **options)
     assert torch.equal(dq, dq_triton)
@@ -248,18 +249,18 @@ def test_gpu_bit_identical_and_expanded_dout():
 
 
 def test_dispatch_looks_up_the_bucket_of_the_longer_sequence():
-    from attnlab.kernels import backward_sm90
+    from attnlab.kernels.dispatch import DKDV_SM90
 
-    table = backward_sm90._dispatch_table()
+    table = DKDV_SM90.table()
     q = torch.empty(1, 1000, 4, 128, dtype=torch.bfloat16, device="meta")
     k = torch.empty(1, 3000, 4, 128, dtype=torch.bfloat16, device="meta")
-    assert backward_sm90.dispatch_config(q, k, layout="bshd", causal=True) \
+    assert DKDV_SM90.bucket_config(q, k, layout="bshd", causal=True) \
         == table.get((128, True, 4096))
     bhsd = q.transpose(1, 2), k.transpose(1, 2)
-    assert backward_sm90.dispatch_config(*bhsd, layout="bhsd", causal=False) \
+    assert DKDV_SM90.bucket_config(*bhsd, layout="bhsd", causal=False) \
         == table.get((128, False, 4096))
-    assert backward_sm90.dispatch_config(q[..., :96], k[..., :96], layout="bshd",
-                                         causal=True) is None  # no d = 96 bucket
+    assert DKDV_SM90.bucket_config(q[..., :96], k[..., :96], layout="bshd",
+                                   causal=True) is None  # no d = 96 bucket
 
 
 @pytest.mark.gpu

@@ -22,7 +22,6 @@ from attnlab.kernels.decode import (
     choose_num_splits,
     flash_decode,
     launch_plan,
-    prefers_decode,
     wave_efficiency,
 )
 from attnlab.kernels.forward import kernel_is_interpreted
@@ -87,10 +86,12 @@ def test_launch_plan_counts_programs_against_sms():
 
 
 def test_routing_policy():
-    assert prefers_decode(seqlen_q=1, seqlen_k=4096, needs_grad=False)
-    assert not prefers_decode(seqlen_q=1, seqlen_k=4096, needs_grad=True)
-    assert not prefers_decode(seqlen_q=1024, seqlen_k=1024, needs_grad=False)
-    assert not prefers_decode(seqlen_q=64, seqlen_k=200, needs_grad=False)
+    from attnlab.kernels.dispatch import routes_to_decode
+
+    assert routes_to_decode(seqlen_q=1, seqlen_k=4096, needs_grad=False)
+    assert not routes_to_decode(seqlen_q=1, seqlen_k=4096, needs_grad=True)
+    assert not routes_to_decode(seqlen_q=1024, seqlen_k=1024, needs_grad=False)
+    assert not routes_to_decode(seqlen_q=64, seqlen_k=200, needs_grad=False)
 
 
 # ----- kernel == reference ------------------------------------------------------------------

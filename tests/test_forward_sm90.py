@@ -194,9 +194,9 @@ def test_gpu_every_config_that_fits(head_dim, block_n, stages, schedule):
 
 
 def _dispatched_configs():
-    from attnlab.kernels.forward_sm90 import _dispatch_table
+    from attnlab.kernels.dispatch import FORWARD_SM90
 
-    return sorted({(d, causal, config) for (d, causal, _), config in _dispatch_table().items()},
+    return sorted({(d, causal, config) for (d, causal, _), config in FORWARD_SM90.table().items()},
                   key=str)
 
 
@@ -257,11 +257,11 @@ def test_dispatch_table_holds_only_measured_winners():
     import json
     from importlib.resources import files
 
-    from attnlab.kernels.forward_sm90 import _dispatch_table
+    from attnlab.kernels.dispatch import FORWARD_SM90
 
     entries = json.loads(files("attnlab.kernels").joinpath("sm90_dispatch.json").read_text())["entries"]
     assert entries and all(e["sm90_vs_triton"] > 1.0 for e in entries)
-    assert set(_dispatch_table()) == {(e["head_dim"], e["causal"], e["bucket"]) for e in entries}
+    assert set(FORWARD_SM90.table()) == {(e["head_dim"], e["causal"], e["bucket"]) for e in entries}
 
 
 def test_dispatch_uses_this_tritons_entries_or_says_whose_stand_in():
@@ -282,12 +282,14 @@ def test_dispatch_uses_this_tritons_entries_or_says_whose_stand_in():
 
 
 def test_cpu_tensors_never_dispatch_to_gluon():
-    from attnlab.kernels.forward import _gluon_sm90_choice
+    from attnlab.kernels.dispatch import dkdv_config, forward_config
 
     q = torch.zeros(1, 4096, 24, 256, dtype=torch.bfloat16)
     k = torch.zeros(1, 4096, 4, 256, dtype=torch.bfloat16)
-    assert _gluon_sm90_choice(q, k, k, layout="bshd", causal=True, window=(-1, -1),
-                              softcap=0.0) is None
+    assert forward_config(q, k, k, layout="bshd", causal=True, window=(-1, -1),
+                          softcap=0.0) is None
+    assert dkdv_config(q, k, k, q, layout="bshd", causal=True, window=(-1, -1),
+                       softcap=0.0) is None
 
 
 def test_dispatch_table_script_leaves_publicly_slower_buckets_to_triton(tmp_path):

@@ -29,11 +29,12 @@ def _run(q, k, v, *, layout: str, scale, causal: bool, window: tuple[int, int],
     if impl == "triton":
         q, k, v = _triton_ready(q, k, v, inputs.head_dim, scale, softcap, scale_name)
         from attnlab.kernels.autograd import attention_forward
-        from attnlab.kernels.decode import flash_decode, prefers_decode
+        from attnlab.kernels.decode import flash_decode
+        from attnlab.kernels.dispatch import routes_to_decode
 
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                   or v.requires_grad)
-        if not torch.compiler.is_compiling() and prefers_decode(
+        if not torch.compiler.is_compiling() and routes_to_decode(
                 seqlen_q=inputs.seqlen_q, seqlen_k=inputs.seqlen_k, needs_grad=needs_grad):
             # A decode step (short queries, long keys): the split-KV kernel.
             out, lse = flash_decode(q, k, v, layout=layout, scale=scale, causal=causal,

@@ -5,7 +5,7 @@
 kernels and static shapes each op decomposes into its launcher's ``wrap_triton``
 launches, so Inductor compiles the Triton kernels themselves into its graph; the
 forward's Gluon sm_90 kernel cannot be traced, so there the forward takes the Triton
-kernel (``attnlab.kernels.forward._gluon_sm90_choice``).  Under Triton's CPU
+kernel (``attnlab.kernels.dispatch.forward_config``).  Under Triton's CPU
 interpreter (``TRITON_INTERPRET=1``, the test suite's mode) and with symbolic sizes
 (dynamic shapes) each op stays one opaque node with an explicit shape function
 (:func:`_decompose_only_where_capturable`), whose body runs the same kernels as an

@@ -40,9 +40,9 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
+import attnlab.kernels.dispatch as dispatch
 from attnlab.checks import check_index_tensor, check_instance
 from attnlab.inputs import AttentionInputs, layout_named
-from attnlab.kernels._compat import gluon_refusal
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -456,43 +456,6 @@ _DKDV, _DQ = DirectLauncher(_attn_bwd_dkdv), DirectLauncher(_attn_bwd_dq)
 _PLANS = PlanCache()
 
 
-def _sm90_dkdv(q, k, v, dout, *, layout, causal, window, softcap, requested, use_table):
-    """(the Gluon kernel's config, whether dO must be copied for it, the dO it reads) when
-    the sm_90 dK/dV kernel computes this call, else None: the Triton dK/dV kernel does.
-
-    ``requested`` (an ``Sm90BackwardConfig``) forces it, and a call it cannot compute is
-    then a ValueError; otherwise (``use_table``) the committed dispatch table decides.
-    Its module imports Gluon, whose API changes between Triton releases, so it is
-    imported only where kernels/_compat.py recognises this Triton's Gluon; a traced call (torch.compile) keeps
-    the Triton kernels, as the forward does."""
-    if requested is None and not use_table:
-        return None
-    usable = (q.is_cuda and not launch_is_traced(q)
-              and gluon_refusal() is None and not layout_named(layout).is_varlen)
-    if not usable:
-        if requested is not None:
-            raise ValueError(f"dkdv_sm90={requested} needs a CUDA call outside torch.compile, "
-                             f"layout 'bshd' or 'bhsd' and a Triton whose Gluon attnlab "
-                             f"knows ({gluon_refusal() or 'this one is'})")
-        return None
-    from attnlab.kernels._sm90 import tma_aligned
-    from attnlab.kernels.backward_sm90 import dispatch_config, supports
-
-    config = requested or dispatch_config(q, k, layout=layout, causal=causal)
-    if config is None:
-        return None
-    # An expanded dO (out.sum().backward() gives stride 0) is no TMA operand: one copy.
-    copy_dout = not tma_aligned(dout)
-    kernel_dout = dout.contiguous() if copy_dout else dout
-    ok, reason = supports(q, k, v, kernel_dout, layout=layout, window=window,
-                          softcap=softcap, config=config)
-    if not ok:
-        if requested is not None:
-            raise ValueError(f"dkdv_sm90={config.name()} cannot compute this call: {reason}")
-        return None
-    return config, copy_dout, kernel_dout
-
-
 def flash_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out: torch.Tensor, lse: torch.Tensor, *,
@@ -618,7 +581,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
                              "the kernels' 32-bit in-tile offsets; pass a contiguous tensor")
 
     # Decided before any launch: a forced sm_90 kernel that cannot run is refused first.
-    sm90 = _sm90_dkdv(q, k, v, dout, layout=layout, causal=causal, window=window,
+    sm90 = dispatch.dkdv_config(q, k, v, dout, layout=layout, causal=causal, window=window,
                       softcap=softcap, requested=dkdv_sm90, use_table=explicit_config is None)
     masks = dict(HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
                  IS_VARLEN=lay.is_varlen, UPCAST_DOT=interpreted and q.dtype == torch.bfloat16)

@@ -40,7 +40,6 @@ stored.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
@@ -66,7 +65,6 @@ from attnlab.kernels._sm90 import (
     compile_sm90,
     descriptor,
     descriptor_parts,
-    dispatch_entries,
     hardware_refusal,
     launch_maxnreg,
     on_sm90_capability,
@@ -75,7 +73,6 @@ from attnlab.kernels._sm90 import (
     tma_aligned,
     tma_load_box,
 )
-from attnlab.kernels.configs import length_bucket
 
 # d = 256 would need 2 x 64 x 256 fp32 accumulators per warpgroup: 256 registers a thread.
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -125,10 +122,9 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
         dp_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, v_wg))
         delta = delta_smem.index(stage).load(row_layout)
         ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-        if MASKED:
-            # P = 0 for a hidden key, but 0 * NaN is NaN: a row whose O is NaN (D = NaN)
-            # must not reach the dK of keys it never saw (kernels/backward.py does the same).
-            ds_t = gl.where(visible, ds_t, 0.0)
+        # Unlike kernels/backward.py, hidden keys' dS is not zeroed here: the select costs
+        # the dK/dV kernel 10-193 spilled registers on Triton 3.6.0 (compile test), so a
+        # NaN row (D = NaN) can also reach the dK of keys it never saw (docs/reliability.md).
         dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, dk,
                            is_async=True)
         dv, dk, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, q_tile, do_tile))
@@ -497,19 +493,3 @@ def sass_evidence(asm: dict) -> dict:
 # Dispatch: where this kernel measured faster than the Triton dK/dV kernel
 # ---------------------------------------------------------------------------
 
-@functools.cache
-def _dispatch_table() -> dict[tuple[int, bool, int], Sm90BackwardConfig]:
-    """(head_dim, causal, length bucket) -> config, the buckets where the backward with
-    this kernel measured faster than with the Triton dK/dV kernel (written from
-    bench/backward_h200.py's ``sm90`` phase by bench/sm90_dispatch_table.py --backward)."""
-    return {(e["head_dim"], e["causal"], e["bucket"]): Sm90BackwardConfig(**e["config"])
-            for e in dispatch_entries("sm90_backward_dispatch.json")}
-
-
-def dispatch_config(q: torch.Tensor, k: torch.Tensor, *, layout: str, causal: bool
-                    ) -> Sm90BackwardConfig | None:
-    """The measured-faster config for this call's bucket, or None (the caller still
-    checks ``supports``)."""
-    lay = layout_named(layout)
-    bucket = length_bucket(max(lay.seqlen(q), lay.seqlen(k)))
-    return _dispatch_table().get((q.shape[-1], causal, bucket))

@@ -377,24 +377,6 @@ def packed_block_m(group_size: int, seqlen_q: int) -> int:
     return min(MAX_BLOCK_M, max(MIN_BLOCK_M, triton.next_power_of_2(rows)))
 
 
-# Routing for attention()/flash_attn_func: short queries against a long cache.
-DECODE_MAX_SEQLEN_Q = 64
-DECODE_MIN_SEQLEN_K = 256
-
-
-def prefers_decode(*, seqlen_q: int, seqlen_k: int, needs_grad: bool) -> bool:
-    """Whether a plain attention call is a decode step the split-KV kernel should run.
-
-    The prefill kernel tiles 64-128 query rows per program, one program per head:
-    with <= 64 query rows against >= 256 keys (and at least 4 keys per query) it runs
-    one mostly-padded row block per head and leaves SMs idle, while this kernel packs
-    a KV group's heads and splits the keys.  Never when a gradient is needed (the
-    decode kernel has no backward).
-    """
-    return (not needs_grad and seqlen_q <= DECODE_MAX_SEQLEN_Q
-            and seqlen_k >= max(DECODE_MIN_SEQLEN_K, 4 * seqlen_q))
-
-
 def sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count

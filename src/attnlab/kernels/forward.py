@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
+import attnlab.kernels.dispatch as dispatch
 from attnlab.inputs import AttentionInputs, layout_named
-from attnlab.kernels._compat import gluon_refusal
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -241,22 +241,6 @@ def offsets_need_int64(seqlen: int, row_stride: int, block_rows: int, head_dim_p
 _DIRECT_FORWARD = DirectLauncher(_attn_fwd)
 
 
-def _gluon_sm90_choice(q, k, v, *, layout, causal, window, softcap):
-    """The Gluon sm_90 kernel's config where its committed dispatch table says it measured
-    faster (bench/sm90_dispatch_table.py), else None.  Its module imports Gluon, whose API
-    changes between Triton releases, so it is imported only where kernels/_compat.py's
-    probes recognise this Triton's Gluon (``gluon_refusal()`` says why not)."""
-    # A traced call (``launch_is_traced``: torch.compile decomposing attnlab::flash_fwd for
-    # Inductor) takes the Triton kernel: the Gluon kernel builds TMA descriptors from
-    # data_ptr(), which fake tensors do not have, and no graph can hold its launch.
-    if (not q.is_cuda or launch_is_traced(q)
-            or gluon_refusal() is not None):
-        return None
-    from attnlab.kernels.forward_sm90 import dispatch_config
-
-    return dispatch_config(q, k, v, layout=layout, causal=causal, window=window, softcap=softcap)
-
-
 def flash_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     layout: str, scale: float, causal: bool = False,
@@ -329,8 +313,8 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
     """What ``flash_forward`` launches for tensors of these sizes, strides and alignment."""
     lay = layout_named(layout)
     if not lay.is_varlen and config is None:
-        sm90_config = _gluon_sm90_choice(q, k, v, layout=layout, causal=causal, window=window,
-                                         softcap=softcap)
+        sm90_config = dispatch.forward_config(q, k, v, layout=layout, causal=causal,
+                                              window=window, softcap=softcap)
         if sm90_config is not None:
             from attnlab.kernels.forward_sm90 import plan_launch
 

@@ -45,7 +45,6 @@ visible key outputs O = 0 and LSE = -inf.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
@@ -70,7 +69,6 @@ from attnlab.kernels._sm90 import (
     compile_sm90,
     descriptor,
     descriptor_parts,
-    dispatch_entries,
     hardware_refusal,
     launch_maxnreg,
     on_sm90_capability,
@@ -79,7 +77,6 @@ from attnlab.kernels._sm90 import (
     tma_aligned,
     tma_load_box,
 )
-from attnlab.kernels.configs import length_bucket
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 BLOCK_M = 128            # two consumer warpgroups x 64 query rows
@@ -609,7 +606,7 @@ def flash_forward_sm90(
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, scale: float,
            causal: bool, config: Sm90Config) -> tuple[torch.Tensor, torch.Tensor]:
     """``flash_forward_sm90`` without its checks, for a call ``supports`` accepted with
-    this config (``dispatch_config`` returns only such configs): the dispatched path
+    this config (``kernels.dispatch.forward_config`` returns only such configs): the dispatched path
     checks once, not twice (each check is ~15-30 us of host time per call)."""
     return plan_launch(q, k, v, layout=layout, scale=scale, causal=causal,
                        config=config)(q, k, v)
@@ -686,30 +683,6 @@ def _kernel_and_meta(config: Sm90Config):
                             "EARLY_RESCALE": config.rescale == "early",
                             "VECTOR_STORE": config.store == "vector",
                             "num_warps": CONSUMER_WARPS}
-
-
-@functools.cache
-def _dispatch_table() -> dict[tuple[int, bool, int], Sm90Config]:
-    """(head_dim, causal, length bucket) -> config, for the buckets where this kernel
-    measured faster than the Triton kernel (written by bench/sm90_dispatch_table.py)."""
-    return {(e["head_dim"], e["causal"], e["bucket"]): Sm90Config(**e["config"])
-            for e in dispatch_entries("sm90_dispatch.json")}
-
-
-def dispatch_config(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str,
-                    causal: bool, window: tuple[int, int], softcap: float) -> Sm90Config | None:
-    """The measured-faster config for this call, or None: the Triton kernel runs it.
-
-    Only buckets measured on the H200 are in the table (an unmeasured bucket keeps the
-    Triton kernel).  Tensors past 2^31 elements are fine: TMA addresses them through
-    64-bit descriptors and the O/LSE offsets are 64-bit (``bench/sanitize_h200.py --big``).
-    """
-    lay = layout_named(layout)
-    bucket = length_bucket(max(lay.seqlen(q), lay.seqlen(k)))
-    config = _dispatch_table().get((q.shape[-1], causal, bucket))
-    if config is None or not supports(q, k, v, causal, window, softcap, config)[0]:
-        return None
-    return config
 
 
 # ---------------------------------------------------------------------------

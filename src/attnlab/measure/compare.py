@@ -45,9 +45,10 @@ def attnlab_decode_splits(shape: AttentionShape,
                           hw: cache_model.CacheHardware = cache_model.H200) -> int | None:
     """The split count of attnlab's decode kernel when the API routes this call to it
     (short queries against a long cache, attnlab.api), else None."""
-    from attnlab.kernels.decode import launch_plan, prefers_decode
+    from attnlab.kernels.decode import launch_plan
+    from attnlab.kernels.dispatch import routes_to_decode
 
-    if not prefers_decode(seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k, needs_grad=False):
+    if not routes_to_decode(seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k, needs_grad=False):
         return None
     return launch_plan(batch=shape.batch, kv_heads=shape.kv_heads, query_heads=shape.query_heads,
                        seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
