@@ -155,14 +155,14 @@ def test_fp_fusion_is_passed_where_the_options_have_it(monkeypatch):
 def test_an_unrecognised_triton_keeps_the_plain_launch_and_says_why(monkeypatch):
     import torch
 
-    from attnlab.kernels import _launch, backward
+    from attnlab.kernels import _launch, backward, dispatch
     from attnlab.kernels.backward_sm90 import DEFAULT_CONFIGS
 
     monkeypatch.setattr(_launch, "direct_launch_refusal", lambda: "a launcher we never saw")
     monkeypatch.setattr(_launch, "kernel_is_interpreted", lambda: False)
     launcher = _launch.DirectLauncher(SimpleNamespace(arg_names=["X"]))
     assert launcher.key((torch.zeros(1),), {}) is None  # kernel[grid] on every call
-    monkeypatch.setattr(backward, "gluon_refusal", lambda: "no Gluon we know")
+    monkeypatch.setattr(dispatch, "gluon_refusal", lambda: "no Gluon we know")
     q = torch.randn(1, 16, 2, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="no Gluon we know"):
         backward.flash_backward(q, q, q, q, q, torch.zeros(1, 2, 16), layout="bshd",

@@ -19,6 +19,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from attnlab.checks import check_instance, check_strided
+from attnlab.dtypes import TORCH_NAMES
+
+# torch dtype -> the dtype name every module uses (attnlab.dtypes: fp16, bf16, fp32, fp64).
+TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {getattr(torch, torch_name): name
+                                             for name, torch_name in TORCH_NAMES.items()}
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from torch.library import wrap_triton
 
 import attnlab.kernels.dispatch as dispatch
 from attnlab.checks import check_index_tensor, check_instance
-from attnlab.inputs import AttentionInputs, layout_named
+from attnlab.inputs import TORCH_DTYPE_NAMES, AttentionInputs, layout_named
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -407,7 +407,6 @@ def _attn_bwd_dq(
 # Launcher
 # ---------------------------------------------------------------------------
 
-_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # AttentionShape's names
 
 
 def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
@@ -566,7 +565,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     if config is None:
         shape = AttentionShape(batch=batch, query_heads=num_heads, kv_heads=num_kv_heads,
                                seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
-                               dtype=_DTYPE_NAMES.get(q.dtype, "bf16"), causal=causal,
+                               dtype=TORCH_DTYPE_NAMES.get(q.dtype, "bf16"), causal=causal,
                                window=tuple(window))
         config = backward_config(shape, interpreted=interpreted)
 

@@ -54,6 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from attnlab.dtypes import TORCH_NAMES
 from attnlab.inputs import AttentionInputs, layout_named
 from attnlab.kernels._launch import int_class
 from attnlab.kernels._primitives import LOG2E
@@ -461,7 +462,7 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
     from triton.runtime.jit import mangle_type
 
     config = config or DEFAULT_CONFIGS[head_dim]
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = getattr(torch, TORCH_NAMES[dtype])
     example = torch.empty((1, 256, 1, head_dim), dtype=torch_dtype, device="meta")
     kv_type = mangle_type(descriptor(example, "bshd", KEYS_PER_WARPGROUP))
     q_type = mangle_type(descriptor(example, "bshd", config.block_m))

@@ -30,7 +30,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 import attnlab.kernels.dispatch as dispatch
-from attnlab.inputs import AttentionInputs, layout_named
+from attnlab.inputs import TORCH_DTYPE_NAMES, AttentionInputs, layout_named
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -220,7 +220,6 @@ def _attn_fwd(
 # ---------------------------------------------------------------------------
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}  # AttentionShape's names
 MAX_HEAD_DIM = 256
 INT32_MAX = 2**31 - 1
 
@@ -345,7 +344,7 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
         # Varlen takes the tiles tuned for its longest sequence.
         shape = AttentionShape(batch=batch, query_heads=num_heads, kv_heads=num_kv_heads,
                                seqlen_q=seqlen_q, seqlen_k=max(seqlen_k, 1), head_dim=head_dim,
-                               dtype=DTYPE_NAMES[q.dtype], causal=causal, window=tuple(window))
+                               dtype=TORCH_DTYPE_NAMES[q.dtype], causal=causal, window=tuple(window))
         config = forward_config(shape, interpreted=kernel_is_interpreted())
 
     q_strides, k_strides, v_strides, o_strides = (

@@ -58,6 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from attnlab.dtypes import TORCH_NAMES
 from attnlab.inputs import AttentionInputs, layout_named
 from attnlab.kernels._launch import int_class
 from attnlab.kernels._primitives import LOG2E
@@ -697,7 +698,7 @@ def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal:
 
     config = config or DEFAULT_CONFIGS[head_dim]
     kernel, meta = _kernel_and_meta(config)
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = getattr(torch, TORCH_NAMES[dtype])
     # A meta-device tensor gives the descriptors their types without memory.
     example = torch.empty((1, 256, 1, head_dim), dtype=torch_dtype, device="meta")
     signature = {

@@ -11,12 +11,8 @@ import torch
 
 from attnlab.checks import check_instance, check_scale
 from attnlab.checks import check_softcap as _check_softcap
-from attnlab.dtypes import TORCH_NAMES
+from attnlab.inputs import TORCH_DTYPE_NAMES  # the dtypes the reference accepts
 from attnlab.shapes import AttentionShape
-
-# torch dtype -> AttentionShape dtype name (the dtypes the reference accepts).
-TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {getattr(torch, torch_name): name
-                                             for name, torch_name in TORCH_NAMES.items()}
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
