@@ -192,9 +192,13 @@ def test_compiles_for_sm90_with_roles_and_no_spills(json_from_fresh_python):
         assert evidence["barrier_threads"] == [128]
     spills = [e.get("local_memory_ops") for e in compiled]
     if None not in spills:
-        # 0 on Triton 3.6-3.8; Triton 3.9.0 compiles the d = 128 causal tile to 24 LDL/STL
+        from attnlab.kernels._compat import gluon_api
+
+        # None, where Gluon still names it `_reinterpret` (Triton 3.6-3.8).  The Gluon that
+        # made it public (3.9) compiles the d = 128 causal tiles to 24 and 22 LDL/STL
         # (docs/versions.md, a finding awaiting the H200's measurement): no more than that.
-        known = [24, 0, 22, 0]  # per compiled tile above, on the worst supported Triton
+        newer_gluon = getattr(gluon_api(), "reinterpret", None) == "reinterpret"
+        known = [24, 0, 22, 0] if newer_gluon else [0, 0, 0, 0]  # per compiled tile above
         assert all(n <= bound for n, bound in zip(spills, known, strict=True)), spills
 
 
