@@ -93,12 +93,12 @@ def ship(source: Path, dest: Path, paths_and_cuts: list[tuple[str, str]]) -> lis
     files, cut, and the manifest naming each with its size and hash.  The folder is
     written whole, so it holds exactly what the manifest names."""
     source, dest = Path(source), Path(dest)
-    cuts = {shipped_name(relative, how): cut(source / relative, how)
-            for relative, how in paths_and_cuts}
-    entries = [{"path": shipped_name(relative, how), "source": relative, "cut": how,
-                "bytes": len(cuts[shipped_name(relative, how)]),
-                "sha256": hashlib.sha256(cuts[shipped_name(relative, how)]).hexdigest()}
-               for relative, how in paths_and_cuts]
+    cuts, entries = {}, []
+    for relative, how in paths_and_cuts:
+        name, data = shipped_name(relative, how), cut(source / relative, how)
+        cuts[name] = data
+        entries.append({"path": name, "source": relative, "cut": how, "bytes": len(data),
+                        "sha256": hashlib.sha256(data).hexdigest()})
     total = sum(e["bytes"] for e in entries)
     if total > SHIPPED_BYTES_LIMIT:
         raise ValueError(f"the shipped results would be {total:,} bytes, over the "
