@@ -65,9 +65,12 @@ def test_fa3_flash_attn_func_is_differentiable():
     assert all(torch.equal(g, t.grad) for g, t in zip(grads, (q, k, v), strict=True))
 
 
-REFUSED = [("qv", {"qv": "TENSOR"}), ("q_descale", {"q_descale": "TENSOR"}),
-           ("k_descale", {"k_descale": "TENSOR"}), ("v_descale", {"v_descale": "TENSOR"}),
-           ("attention_chunk", {"attention_chunk": 4})]
+# FP8's descales are taken where attnlab has an FP8 kernel (tests/test_fp8.py) and refused by
+# name where it has none: varlen, and q_descale on the decode path.
+REFUSED = [("qv", {"qv": "TENSOR"}), ("attention_chunk", {"attention_chunk": 4})]
+NO_FP8_KERNEL = [("flash_attn_varlen_func", name) for name in ("q_descale", "k_descale",
+                                                              "v_descale")]
+NO_FP8_KERNEL.append(("flash_attn_with_kvcache", "q_descale"))
 
 
 def _calls():
@@ -91,6 +94,12 @@ def test_what_attnlab_cannot_honour_is_refused_by_name(call, name, kwargs):
               for key, value in kwargs.items()}
     with pytest.raises(NotImplementedError, match=name):
         _calls()[call](**kwargs)
+
+
+@pytest.mark.parametrize(("call", "name"), NO_FP8_KERNEL)
+def test_descales_without_an_fp8_kernel_are_refused_by_name(call, name):
+    with pytest.raises(NotImplementedError, match=f"{name} must be None here"):
+        _calls()[call](**{name: torch.ones(1)})
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [

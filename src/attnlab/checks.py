@@ -318,6 +318,57 @@ def check_index_tensor(name: str, tensor: Any, *, device: Any) -> Any:
     return tensor.contiguous()
 
 
+# ----- fp8 (e4m3) tensors and their descale factors ---------------------------------------
+# torch's name of the one fp8 dtype attnlab reads (attnlab.dtypes.FP8_TORCH_NAME).
+FP8_DTYPE = "torch.float8_e4m3fn"
+
+
+def is_float8(tensor: Any) -> bool:
+    """Whether ``tensor`` has any torch float8 dtype (e4m3fn, e4m3fnuz, e5m2, ...)."""
+    return str(getattr(tensor, "dtype", "")).startswith("torch.float8")
+
+
+def check_fp8_dtype(name: str, tensor: Any) -> bool:
+    """True for a torch.float8_e4m3fn tensor, False for a non-float8 one; TypeError naming
+    ``name`` and the one fp8 dtype attnlab reads for any other float8 (e5m2, the fnuz
+    variants, e8m0)."""
+    if not is_float8(tensor):
+        return False
+    if str(tensor.dtype) != FP8_DTYPE:
+        raise ArgumentTypeError(
+            f"{name}.dtype must be torch.float8_e4m3fn for fp8 (OCP e4m3: finite, range "
+            f"+-448, what FA3 and vLLM's 'fp8' cache store), got {tensor.dtype}; e5m2 and the "
+            "fnuz variants are not supported")
+    return True
+
+
+def check_descale(name: str, value: Any, *, batch: int, kv_heads: int, device: Any) -> Any:
+    """An fp8 tensor's descale factor (FA3's and vLLM's: the real value is the fp8 value
+    times the descale): a torch.float32 tensor on ``device`` of shape () or (1,) (one
+    factor per tensor) or (batch, kv_heads) (per sequence and KV head).  Returns it as a
+    (batch, kv_heads) view, stride 0 where it broadcasts: no copy and no host read, so a
+    CUDA graph can capture the call.  Its values are not read here: a zero, negative or
+    non-finite descale gives what the arithmetic gives (as in FA3)."""
+    allowed = f"(), (1,) or (batch, kv_heads) = ({batch}, {kv_heads})"
+    if not _is_tensor_like(value) or not hasattr(value, "expand"):
+        raise ArgumentTypeError(f"{name} must be a torch.float32 tensor of shape {allowed}, "
+                                f"got {type(value).__name__}")
+    check_strided(name, value)
+    if str(value.dtype) != "torch.float32":
+        raise ArgumentTypeError(f"{name} must have dtype torch.float32, got {value.dtype}")
+    if value.device != device:
+        raise ValueError(f"{name} must be on q's device {device}, got {value.device}")
+    if value.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: the kernel reads its values, and a "
+                         "meta tensor has none")
+    shape = tuple(value.shape)
+    if shape in ((), (1,)):
+        return value.reshape(1, 1).expand(batch, kv_heads)
+    if shape != (batch, kv_heads):
+        raise ValueError(f"{name} must have shape {allowed}, got {shape}")
+    return value
+
+
 def _type_name(kind: type) -> str:
     """A type as a user writes it: attnlab's and Python's by name, another package's
     with the package in front (``torch.Tensor``)."""

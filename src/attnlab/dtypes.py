@@ -27,6 +27,15 @@ ALIASES: dict[str, str] = {
 }
 
 
+# Storage-only dtypes: what a KV cache (or an FP8 prefill's q, k, v) may be stored in,
+# never computed in.  Only the KV-cache models read these names (``kv_dtype``); every
+# other dtype argument takes the compute dtypes above and refuses fp8.
+FP8_TORCH_NAME = "float8_e4m3fn"  # OCP e4m3: finite max 448, NaN but no infinity
+KV_DTYPE_BYTES: dict[str, int] = {**DTYPE_BYTES, "fp8": 1}
+KV_ALIASES: dict[str, str] = {**ALIASES, "fp8": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8",
+                              FP8_TORCH_NAME: "fp8"}
+
+
 def canonical_dtype(value: Any, name: str = "dtype") -> str:
     """The short name of a dtype spelled any way :data:`ALIASES` knows (case and a
     ``torch.`` prefix ignored); a ValueError naming ``name`` and the spellings otherwise."""
@@ -45,4 +54,16 @@ def dtype_bytes(dtype: Any, name: str = "dtype") -> int:
     return DTYPE_BYTES[canonical_dtype(dtype, name)]
 
 
-__all__ = ["ALIASES", "DTYPE_BYTES", "TORCH_NAMES", "canonical_dtype", "dtype_bytes"]
+def canonical_kv_dtype(value: Any, name: str = "kv_dtype") -> str:
+    """The short name of a KV cache's storage dtype: a compute dtype
+    (:func:`canonical_dtype`) or ``fp8`` (e4m3: ``e4m3``, ``fp8_e4m3``, ``float8_e4m3fn``)."""
+    if isinstance(value, str):
+        key = value.strip().lower().removeprefix("torch.")
+        if key in KV_ALIASES:
+            return KV_ALIASES[key]
+    raise ValueError(f"{name} must be fp16, bf16, fp32, fp64 or fp8 (e4m3, float8_e4m3fn; "
+                     f"e5m2 and the fnuz variants are not stored), got {quote(value)}")
+
+
+__all__ = ["ALIASES", "DTYPE_BYTES", "FP8_TORCH_NAME", "KV_ALIASES", "KV_DTYPE_BYTES",
+           "TORCH_NAMES", "canonical_dtype", "canonical_kv_dtype", "dtype_bytes"]

@@ -114,15 +114,16 @@ def _resolve_impl(impl: str, q: torch.Tensor) -> str:
 
 
 def _check_triton_inputs(q, head_dim: int, scale: float, softcap: float,
-                         scale_name: str = "softmax_scale") -> None:
-    """What every Triton kernel needs of q and the scalars: fp16/bf16, head_dim <= 256,
-    data (not meta), and a scale and softcap its fp32 arithmetic represents
-    (:func:`attnlab.checks.check_kernel_scales`)."""
+                         scale_name: str = "softmax_scale", dtypes=None) -> None:
+    """What every Triton kernel needs of q and the scalars: fp16/bf16 (or ``dtypes``),
+    head_dim <= 256, data (not meta), and a scale and softcap its fp32 arithmetic
+    represents (:func:`attnlab.checks.check_kernel_scales`)."""
     from attnlab.kernels.forward import MAX_HEAD_DIM, SUPPORTED_DTYPES
 
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"the Triton kernel takes dtype torch.float16 or torch.bfloat16, got {q.dtype}")
+    allowed = SUPPORTED_DTYPES if dtypes is None else dtypes
+    if q.dtype not in allowed:
+        raise TypeError(f"the Triton kernel takes dtype {' or '.join(map(str, allowed))}, "
+                        f"got {q.dtype}")
     if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be <= {MAX_HEAD_DIM} for the Triton kernel, got {head_dim}")
     _check_has_data(q=q)
@@ -130,10 +131,10 @@ def _check_triton_inputs(q, head_dim: int, scale: float, softcap: float,
 
 
 def _triton_ready(q, k, v, head_dim: int, scale: float, softcap: float,
-                  scale_name: str = "softmax_scale"):
+                  scale_name: str = "softmax_scale", dtypes=None):
     """q, k, v as the Triton kernels take them (:func:`_check_triton_inputs`; unit last
     stride)."""
-    _check_triton_inputs(q, head_dim, scale, softcap, scale_name)
+    _check_triton_inputs(q, head_dim, scale, softcap, scale_name, dtypes)
     # The kernel needs unit stride along head_dim; anything else costs one copy.
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
 

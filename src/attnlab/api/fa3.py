@@ -9,10 +9,17 @@ softmax_scale=0.5, causal=True) and returns ``out``, or ``(out, softmax_lse)`` w
 ``max_seqlen_q`` and ``rotary_seqlens``.  Every call maps onto attnlab's FA2-style calls
 (:mod:`.dense`, :mod:`.varlen`, :mod:`.kvcache`): no kernel of its own.
 
+**FP8** (:mod:`attnlab.api.fp8`): ``flash_attn_func`` with float8_e4m3fn q, k, v and
+``q_descale``/``k_descale``/``v_descale`` ((batch, kv_heads) float32, or per tensor)
+runs attnlab's FP8 forward (bf16 output, no backward); ``flash_attn_with_kvcache``
+takes a float8_e4m3fn cache with ``k_descale``/``v_descale`` and bf16/fp16 queries.
+Descales are required with fp8 tensors (FA3 reads a missing one as 1.0; here that is a
+ValueError: pass ``torch.ones(1)``).  Refused by name: ``q_descale`` on the decode path
+(fp8 queries), descales in ``flash_attn_varlen_func`` (no varlen FP8 kernel).
+
 **Refused by name** (NotImplementedError), never ignored: ``qv`` (attnlab has no extra
-query-value product), ``q_descale``/``k_descale``/``v_descale`` (attnlab has no fp8
-kernels), ``attention_chunk`` != 0 (chunked attention is not one diagonal band, the only
-mask attnlab's kernels know), a ``scheduler_metadata`` tensor.  A v head dim other than
+query-value product), ``attention_chunk`` != 0 (chunked attention is not one diagonal band,
+the only mask attnlab's kernels know), a ``scheduler_metadata`` tensor.  A v head dim other than
 q's is refused by the calls below (ValueError).  ``learnable_sink`` is FA4's (flash_attn.cute),
 not FA3's: FA3's signatures have no such argument, so neither do these.
 
@@ -30,10 +37,10 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.api import dense, kvcache, varlen
+from attnlab.api import dense, fp8, kvcache, varlen
 from attnlab.api.common import documents_impl
 from attnlab.api.merge import _check_state, _merge_stacked_at
-from attnlab.checks import check_bool, check_instance, check_int
+from attnlab.checks import check_bool, check_instance, check_int, is_float8
 from attnlab.inputs import check_packed
 
 __all__ = [
@@ -45,16 +52,15 @@ __all__ = [
 ]
 
 
-def _refuse_fa3_unsupported(*, qv, q_descale, k_descale, v_descale, attention_chunk) -> None:
-    """FA3 arguments attnlab has no kernel for: refused, never ignored."""
+def _refuse_fa3_unsupported(*, qv, attention_chunk, **refused_descales) -> None:
+    """FA3 arguments attnlab has no kernel for: refused, never ignored.  ``refused_descales``
+    are descale arguments this call has no FP8 kernel for (each with why)."""
     if qv is not None:
         raise NotImplementedError("qv must be None: attnlab has no extra query-value term "
                                   "(FA3's qv adds qv @ v^T to the scores)")
-    for name, value in (("q_descale", q_descale), ("k_descale", k_descale),
-                        ("v_descale", v_descale)):
+    for name, (value, why) in refused_descales.items():
         if value is not None:
-            raise NotImplementedError(f"{name} must be None: attnlab has no fp8 kernels "
-                                      "(FA3's descale factors are for float8_e4m3fn inputs)")
+            raise NotImplementedError(f"{name} must be None here: {why}")
     if check_int("attention_chunk", attention_chunk, minimum=0):
         raise NotImplementedError(
             f"attention_chunk must be 0, got {attention_chunk}: attnlab's masks are one "
@@ -76,12 +82,18 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     """FA3's ``flash_attn_func``: q (batch, seqlen_q, heads, d), k and v (batch, seqlen_k,
     kv_heads, d).  Returns ``out``, or ``(out, softmax_lse)`` with ``return_attn_probs``
     (LSE (batch, heads, seqlen_q) fp32, natural log).  Differentiable in q, k, v.  Runs
-    :func:`attnlab.flash_attn_func`; refusals and hints as in the module doc."""
-    _refuse_fa3_unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale,
-                            v_descale=v_descale, attention_chunk=attention_chunk)
+    :func:`attnlab.flash_attn_func`; refusals and hints as in the module doc.  With
+    float8_e4m3fn q, k, v (or any descale given): :func:`attnlab.api.fp8.flash_attn_fp8_func`
+    (bf16 out, no backward)."""
+    _refuse_fa3_unsupported(qv=qv, attention_chunk=attention_chunk)
     _check_hints(pack_gqa=pack_gqa, sm_margin=sm_margin)
     check_int("num_splits", num_splits, minimum=0)
     return_attn_probs = check_bool("return_attn_probs", return_attn_probs)
+    descales = (q_descale, k_descale, v_descale)
+    if any(d is not None for d in descales) or any(is_float8(t) for t in (q, k, v)):
+        out, lse = fp8.flash_attn_fp8_func(q, k, v, *descales, softmax_scale, causal,
+                                           window_size, softcap, return_lse=True, impl=impl)
+        return (out, lse) if return_attn_probs else out
     out, lse, _ = dense.flash_attn_func(q, k, v, 0.0, softmax_scale, causal, window_size, softcap,
                                         None, deterministic, True, impl=impl)
     return (out, lse) if return_attn_probs else out
@@ -111,8 +123,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``return_attn_probs`` (LSE (heads, total_q) fp32).  Differentiable in q, k, v.
     Refusals and hints as in the module doc.
     """
-    _refuse_fa3_unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale,
-                            v_descale=v_descale, attention_chunk=attention_chunk)
+    no_varlen_fp8 = "attnlab's FP8 forward takes dense (batch, seqlen, heads, d) inputs"
+    _refuse_fa3_unsupported(qv=qv, attention_chunk=attention_chunk,
+                            q_descale=(q_descale, no_varlen_fp8),
+                            k_descale=(k_descale, no_varlen_fp8),
+                            v_descale=(v_descale, no_varlen_fp8))
     _check_hints(pack_gqa=pack_gqa, sm_margin=sm_margin)
     check_int("num_splits", num_splits, minimum=0)
     return_attn_probs = check_bool("return_attn_probs", return_attn_probs)
@@ -200,10 +215,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     heads, seqlen_q), or (heads, total_q)).  FA3 at 0251105 also appends its split
     accumulators to that tuple (``out, lse, *rest = ...`` reads both); attnlab has none
     to return.  No backward (as FA3).  Refusals and hints as in the module doc;
-    ``num_splits`` is honoured.
+    ``num_splits`` is honoured.  An fp8 cache takes ``k_descale``/``v_descale`` (the
+    module doc); ``q_descale`` is refused (the decode path takes bf16/fp16 queries).
     """
-    _refuse_fa3_unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale,
-                            v_descale=v_descale, attention_chunk=attention_chunk)
+    _refuse_fa3_unsupported(qv=qv, attention_chunk=attention_chunk, q_descale=(
+        q_descale, "attnlab's decode takes bf16/fp16 queries (an fp8 cache's factors are "
+                   "k_descale and v_descale)"))
     _check_hints(pack_gqa=pack_gqa, sm_margin=sm_margin)
     if scheduler_metadata is not None:
         raise NotImplementedError("scheduler_metadata must be None (what get_scheduler_metadata "
@@ -223,7 +240,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                    block_table=page_table, softmax_scale=softmax_scale, causal=causal,
                    window_size=window_size, softcap=softcap,
                    rotary_interleaved=rotary_interleaved, num_splits=num_splits,
-                   return_softmax_lse=True, impl=impl, rotary_seqlens=rotary_seqlens)
+                   return_softmax_lse=True, impl=impl, rotary_seqlens=rotary_seqlens,
+                   k_descale=k_descale, v_descale=v_descale)
     if not varlen_q and max_seqlen_q is not None:
         raise ValueError("max_seqlen_q is read only with cu_seqlens_q (varlen queries); pass "
                          "None without it")
@@ -331,6 +349,9 @@ def _sequence_options(options: dict, b: int, device) -> dict:
     for name in ("cache_seqlens", "cache_batch_idx", "cache_leftpad", "rotary_seqlens",
                  "block_table"):
         if isinstance(options[name], torch.Tensor):
+            picked[name] = options[name][b:b + 1]
+    for name in ("k_descale", "v_descale"):  # per (batch, kv_head): sequence b's row
+        if isinstance(options[name], torch.Tensor) and options[name].dim() == 2:
             picked[name] = options[name][b:b + 1]
     if options["block_table"] is None and options["cache_batch_idx"] is None:
         # A contiguous cache keeps every sequence's row: pick row b for this call.

@@ -16,6 +16,7 @@ from attnlab.api.common import (
     _resolve_impl,
     documents_impl,
 )
+from attnlab.api.fp8 import check_cache_dtype, kvcache_descales
 from attnlab.checks import check_bool, check_index_tensor, check_int, check_scale
 
 
@@ -59,8 +60,7 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dim() != 4 or min(t.shape) == 0:
             raise ValueError(f"{name} must be 4-D {cache_form}, non-empty; got {tuple(t.shape)}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name}.dtype must equal q.dtype ({q.dtype}), got {t.dtype}")
+        check_cache_dtype(name, t, q)
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
     if k_cache.shape != v_cache.shape:
@@ -110,8 +110,7 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
             if t.dim() != 4 or t.shape[0] != batch or t.shape[1] == 0 or t.shape[2:] != (kv_heads, head_dim):
                 raise ValueError(f"{name} must be (batch, seqlen_new, kv_heads, head_dim) = "
                                  f"({batch}, >= 1, {kv_heads}, {head_dim}), got {tuple(t.shape)}")
-            if t.dtype != q.dtype:
-                raise TypeError(f"{name}.dtype must equal q.dtype ({q.dtype}), got {t.dtype}")
+            check_cache_dtype(name, t, q)
             if t.device != q.device:
                 raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
         if k.shape != v.shape:
@@ -288,7 +287,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
                             alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
-                            impl="auto", max_seqlen_k=None, rotary_seqlens=None):
+                            impl="auto", max_seqlen_k=None, rotary_seqlens=None,
+                            k_descale=None, v_descale=None):
     """Drop-in for flash-attn's ``flash_attn_with_kvcache``: attend q to a KV cache,
     appending new keys and values first.
 
@@ -324,6 +324,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     the capacity.
     ``impl``: "triton" (the split-KV kernel; ``last_impl()`` = "triton-decode"),
     "reference" (float64 oracle) or "auto".
+
+    **FP8 cache** (:mod:`attnlab.api.fp8`): k_cache and v_cache float8_e4m3fn with
+    ``k_descale``/``v_descale`` (torch.float32, shape () or (1,) per tensor, or (batch,
+    kv_heads); the real cache is the stored one times them, vLLM's k_scale/v_scale), q
+    and the output bf16/fp16.  Appended k/v (q's dtype) are stored as ``k / k_descale``
+    rounded to nearest e4m3, saturated to +-448.  fp8 queries, e5m2 and fnuz caches
+    are refused by name.
     """
     from attnlab.kernels.decode import MAX_SPLITS, flash_decode
     from attnlab.reference.decode import (
@@ -333,6 +340,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         kvcache_attention,
         positions_from,
     )
+    from attnlab.reference.fp8 import per_head, quantize_e4m3
 
     _refuse_unsupported(alibi_slopes=alibi_slopes)
     causal = check_bool("causal", causal)
@@ -347,6 +355,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     capacity, indices = _check_kvcache_tensors(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table)
+    k_descale, v_descale = kvcache_descales(q, k_cache, v_cache, k_descale, v_descale)
     cache_seqlens, cache_batch_idx = indices["cache_seqlens"], indices["cache_batch_idx"]
     cache_leftpad, block_table = indices["cache_leftpad"], indices["block_table"]
     if rotary_seqlens is not None:
@@ -362,7 +371,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 raise ValueError(f"{name} must have unit stride along head_dim (it is updated in "
                                  f"place, so attnlab cannot copy it), got strides {t.stride()}")
     else:  # before the append: a refused call writes nothing into the cache
-        _check_reference_dtypes(q=q, k_cache=k_cache, v_cache=v_cache)
+        _check_reference_dtypes(q=q, **({} if k_descale is not None else
+                                        {"k_cache": k_cache, "v_cache": v_cache}))
     seqlen_new = 0 if k is None else k.shape[1]
     local = causal or window != (-1, -1)
     rotary_positions = (max(seqlen_new, seqlen_q) if local else seqlen_new) \
@@ -382,13 +392,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         k = apply_rotary(k, rotary_cos, rotary_sin, positions_from(start, seqlen_new),
                          interleaved=rotary_interleaved)
     if k is not None:
+        if k_descale is not None:
+            k, v = quantize_e4m3(k, per_head(k_descale)), quantize_e4m3(v, per_head(v_descale))
         append_to_cache(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx=cache_batch_idx,
                         block_table=block_table)
 
     options = dict(cache_seqlens=cache_seqlens, seqlen_new=seqlen_new,
                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                    block_table=block_table, scale=scale, causal=causal, window=window,
-                   softcap=softcap)
+                   softcap=softcap, k_descale=k_descale, v_descale=v_descale)
     if impl == "triton":
         if q.stride(-1) != 1:
             q = q.contiguous()

@@ -29,13 +29,40 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _to_e4m3(x, EMULATE: tl.constexpr):
+    """x >= 0 (softmax probabilities) as float8e4nv, rounded to nearest even.  On a GPU
+    the one conversion (``cvt.rn.satfinite``).  EMULATE is for Triton's CPU interpreter,
+    whose fp32 -> fp8 conversion truncates bit patterns (3.7.1: ties round up, a mantissa
+    carry is lost so 0.99 -> 0.5, subnormals flush to 0): the rounding is done here in fp32
+    first (step 2^(e-3) from the exponent bits, 2^-9 below 2^-6; 1.5 * 2^23 added and
+    subtracted rounds to the nearest even integer), so the interpreter's cast only
+    re-encodes an exact e4m3 value."""
+    if EMULATE:
+        exponent = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+        step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)
+        rounded = ((x / step + 12582912.0) - 12582912.0) * step
+        x = tl.where(rounded > 448.0, 448.0, rounded)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
 def _load_kv_tile(base, stride_n, start_n, offs_d, seqlen_k,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                   MASKED: tl.constexpr):
     """One (BLOCK_N, HEAD_DIM_PAD) tile of K or V from this (batch, kv head)'s base pointer;
     rows past seqlen_k and padded columns read 0."""
+    return _load_strided_tile(base, stride_n, 1, start_n, offs_d, seqlen_k, BLOCK_N, HEAD_DIM,
+                              HEAD_DIM_PAD, MASKED)
+
+
+@triton.jit
+def _load_strided_tile(base, stride_n, stride_d, start_n, offs_d, seqlen_k,
+                       BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr):
+    """:func:`_load_kv_tile` with a head-dim stride: the fp8 forward's V is stored with
+    its keys contiguous (stride_n = 1), what an fp8 wgmma's k-major operand needs."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    ptrs = base + offs_n[:, None] * stride_n + offs_d[None, :]
+    ptrs = base + offs_n[:, None] * stride_n + offs_d[None, :] * stride_d
     if MASKED:
         # A band-edge tile may also be the ragged last tile of the sequence.
         return tl.load(ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)

@@ -91,6 +91,25 @@ def head_dim_padded(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
+# The FP8 forward (float8_e4m3fn q, k, v): an fp8 tile is half a bf16 one's bytes, so the
+# masked d = 128 case takes 128-key steps too.  Not tuned on the H200 yet
+# (bench/fp8_h200.py --phases tune times alternatives).
+_FP8_BASE: dict[tuple[int, bool], ForwardConfig] = {
+    **{key: config for key, config in _BASE.items() if key[0] <= 64},
+    (128, False): ForwardConfig(128, 128, 8, 3),
+    (128, True): ForwardConfig(128, 128, 8, 3),
+    (256, False): ForwardConfig(128, 64, 8, 2),
+    (256, True): ForwardConfig(128, 64, 8, 2),
+}
+
+
+def fp8_forward_config(head_dim: int, masked: bool, *, interpreted: bool = False) -> ForwardConfig:
+    """The FP8 forward's tiling for one head dim (and whether a mask cuts tiles)."""
+    if interpreted:
+        return INTERPRETER_CONFIG
+    return _FP8_BASE[(head_dim_padded(head_dim), masked)]
+
+
 def forward_config(shape: AttentionShape, *, interpreted: bool = False) -> ForwardConfig:
     """The tiling for one call: tuned per (padded head dim, masked or not, length bucket)."""
     if interpreted:
@@ -225,8 +244,16 @@ _DECODE_BASE: dict[int, DecodeConfig] = {
 }
 
 
-def decode_config(head_dim: int, *, interpreted: bool = False) -> DecodeConfig:
-    """The decode kernel's tiling for one head dim."""
+# An fp8 (e4m3) cache: a tile of block_n keys is half the bytes, so head dims 256 take
+# twice the keys per step (the bf16 tile's bytes); d = 128 keeps bf16's tuned tiling (half
+# its shared memory).  Not tuned on the H200 yet: bench/fp8_h200.py --phases tune times
+# the alternatives.
+_DECODE_FP8: dict[int, DecodeConfig] = {**_DECODE_BASE, 256: DecodeConfig(64, 4, 3, 2)}
+
+
+def decode_config(head_dim: int, *, interpreted: bool = False,
+                  fp8_cache: bool = False) -> DecodeConfig:
+    """The decode kernel's tiling for one head dim (and cache dtype)."""
     if interpreted:
         return INTERPRETER_DECODE_CONFIG
-    return _DECODE_BASE[head_dim_padded(head_dim)]
+    return (_DECODE_FP8 if fp8_cache else _DECODE_BASE)[head_dim_padded(head_dim)]

@@ -100,16 +100,21 @@ def _decode_tiles(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
-    """Fold the cache's key tiles [kv_start, kv_end) into the running state (m_i, l_i, acc)."""
+    """Fold the cache's key tiles [kv_start, kv_end) into the running state (m_i, l_i, acc).
+
+    An fp8 cache's tiles are converted to q's dtype as they are loaded (exact: every e4m3
+    value is a bf16 and an fp16 value); its descale factors live outside the loop."""
     for start_n in range(kv_start, kv_end, BLOCK_N):
         k = _load_cache_tile(k_base, block_table_row, stride_kpage, stride_kn, start_n, offs_d,
-                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED)
+                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE,
+                             MASKED).to(q.dtype)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST_DOT)
         p, alpha, m_i, l_i = _online_softmax_step(
             qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, window_left, window_right,
             qk_scale, softcap_log2, softcap_inv, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
         v = _load_cache_tile(v_base, block_table_row, stride_vpage, stride_vn, start_n, offs_d,
-                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED)
+                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE,
+                             MASKED).to(q.dtype)
         acc = acc * alpha[:, None]
         acc = _mma(p.to(v.dtype), v, acc, UPCAST_DOT)
     return acc, l_i, m_i
@@ -122,6 +127,7 @@ def _split_kv_decode(
     # pointers
     Q, K, V, O_PART, LSE_PART, OUT, LSE_OUT,
     CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE,
+    K_DESCALE, V_DESCALE,  # an fp8 cache's (batch, kv_heads) fp32 factors (DESCALED)
     # strides (batch, seq, head); the head dim is unit-stride.  For a paged cache the
     # "batch" stride of K/V is the page stride.
     stride_qb, stride_qm, stride_qh,
@@ -129,6 +135,7 @@ def _split_kv_decode(
     stride_vb, stride_vn, stride_vh,
     stride_ob, stride_om, stride_oh,
     stride_block_table,
+    stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     # sizes
     num_kv_heads, group_size, seqlen_q, cache_seqlen, seqlen_new, num_splits,
     window_left, window_right,
@@ -139,7 +146,7 @@ def _split_kv_decode(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr, DESCALED: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -147,6 +154,13 @@ def _split_kv_decode(
     off_b = pid_bh // num_kv_heads
     off_hk = pid_bh % num_kv_heads
     num_heads = num_kv_heads * group_size
+    if DESCALED:
+        # An fp8 cache: the real keys are k_descale x the stored ones, so k_descale joins
+        # the softmax scale (once per program, not per score); v_descale scales O at the
+        # end.  The loop stays one conversion per element.
+        k_descale = tl.load(K_DESCALE + off_b * stride_kdb + off_hk * stride_kdh)
+        qk_scale = qk_scale * k_descale
+        softcap_inv = softcap_inv * k_descale
 
     # This sequence's live keys: cache positions [kv_first, cache_len + seqlen_new).
     if HAS_SEQLENS:  # noqa: SIM108 -- a constexpr branch, not a runtime select
@@ -235,6 +249,8 @@ def _split_kv_decode(
     sees_key = _row_sees_keys(offs_m, split_lo, split_hi, diag_offset, window_left,
                               window_right, HAS_LEFT, HAS_RIGHT)
     out, lse = _finish_rows(acc, l_i, m_i, sees_key)
+    if DESCALED:
+        out = out * tl.load(V_DESCALE + off_b * stride_vdb + off_hk * stride_vdh)
     if WRITE_PARTIAL:
         # Partials are (batch, seqlen_q, heads, num_splits, head_dim) fp32: the combine
         # reads one output row's splits as one contiguous block.
@@ -395,6 +411,7 @@ def flash_decode(
     cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
     num_splits: int = 0, max_seqlen_k: int | None = None, layout: str = "bshd",
     config: DecodeConfig | None = None, return_partials: bool = False,
+    k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
 ):
     """Launch split-KV decode on already-validated tensors; returns (out, lse).
 
@@ -408,6 +425,9 @@ def flash_decode(
     Out has q's layout and dtype; LSE is (batch, heads, seqlen_q) fp32, natural log.
     ``return_partials=True`` always runs the split path and also returns the partial
     (O, LSE) as (batch, seqlen_q, heads, num_splits[, d]) fp32, for the tests.
+    A float8_e4m3fn cache takes ``k_descale`` and ``v_descale``, (batch, kv_heads) fp32
+    views (any strides; :func:`attnlab.checks.check_descale` builds them): the real
+    cache is the stored one times them (per query sequence b, as FA3 indexes them).
     """
     lay = layout_named(layout)
     batch, seqlen_q, num_heads, head_dim = q.shape[0], lay.seqlen(q), lay.heads(q), q.shape[-1]
@@ -423,8 +443,9 @@ def flash_decode(
         capacity, num_kv_heads = lay.seqlen(k_cache), lay.heads(k_cache)
     group_size = num_heads // num_kv_heads
     interpreted = kernel_is_interpreted()
+    descaled = k_descale is not None
     if config is None:
-        config = decode_config(head_dim, interpreted=interpreted)
+        config = decode_config(head_dim, interpreted=interpreted, fp8_cache=descaled)
     head_dim_pad = head_dim_padded(head_dim)
     block_m = packed_block_m(group_size, seqlen_q)
     row_blocks = triton.cdiv(group_size * seqlen_q, block_m)
@@ -460,8 +481,11 @@ def flash_decode(
         cache_batch_idx if cache_batch_idx is not None else unused,
         cache_leftpad if cache_leftpad is not None else unused,
         block_table if paged else unused,
+        k_descale if descaled else unused, v_descale if descaled else unused,
         *lay.bsh_strides(q), *stride_k, *stride_v, *lay.bsh_strides(out),
         block_table.stride(0) if paged else 0,
+        *(k_descale.stride() if descaled else (0, 0)),
+        *(v_descale.stride() if descaled else (0, 0)),
         num_kv_heads, group_size, seqlen_q, cache_seqlen, seqlen_new, num_splits,
         max(window_left, 0), max(window_right, 0),
         scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0,
@@ -471,7 +495,7 @@ def flash_decode(
         HAS_LEFTPAD=cache_leftpad is not None,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=softcap > 0,
         WRITE_PARTIAL=write_partial,
-        UPCAST_DOT=interpreted and q.dtype == torch.bfloat16,
+        UPCAST_DOT=interpreted and q.dtype == torch.bfloat16, DESCALED=descaled,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if write_partial:
@@ -487,12 +511,13 @@ def flash_decode(
 
 
 def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, seqlen_k: int,
-                head_dim: int, sm_count: int, num_splits: int = 0) -> dict:
+                head_dim: int, sm_count: int, num_splits: int = 0,
+                fp8_cache: bool = False) -> dict:
     """What :func:`flash_decode` launches for one shape: splits, programs, programs per SM.
 
     Pure arithmetic (no launch), for the benchmark's blocks-vs-SMs table.
     """
-    config = decode_config(head_dim)
+    config = decode_config(head_dim, fp8_cache=fp8_cache)
     group_size = query_heads // kv_heads
     block_m = packed_block_m(group_size, seqlen_q)
     row_blocks = triton.cdiv(group_size * seqlen_q, block_m)

@@ -43,15 +43,18 @@ from attnlab.kernels._primitives import (
     _finish_rows,
     _kv_band_bounds,
     _load_kv_tile,
+    _load_strided_tile,
     _mma,
     _online_softmax_step,
     _row_sees_keys,
+    _to_e4m3,
     kernel_is_interpreted,
     launch_is_traced,
 )
 from attnlab.kernels.configs import (
     ForwardConfig,
     forward_config,
+    fp8_forward_config,
     head_dim_padded,
 )
 from attnlab.masking import effective_window, reach_window
@@ -62,26 +65,41 @@ from attnlab.shapes import AttentionShape
 def _kv_tiles(
     acc, l_i, m_i, q,
     k_base, v_base,
-    stride_kn, stride_vn,
+    stride_kn, stride_vn, stride_vd,
     offs_m, offs_d, kv_start, kv_end,
     seqlen_k, diag_offset, window_left, window_right,
     qk_scale, softcap_log2, softcap_inv,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    FP8: tl.constexpr, EMULATE_FP8: tl.constexpr,
 ):
     """Fold KV tiles [kv_start, kv_end) into the running softmax state (m_i, l_i, acc)."""
     for start_n in range(kv_start, kv_end, BLOCK_N):
+        if FP8:
+            # Every stage that runs starts on a tile boundary (_kv_band_bounds: only an
+            # empty stage starts at a ragged kv_hi), so this changes no value; written as
+            # arithmetic, the compiler sees V's keys-contiguous rows 16-byte aligned and
+            # its unmasked loads join the cp.async pipeline (tl.multiple_of did not carry
+            # through Triton 3.7.1's pipeliner: V stayed a synchronous load in every stage).
+            start_n = start_n // BLOCK_N * BLOCK_N
         k = _load_kv_tile(k_base, stride_kn, start_n, offs_d, seqlen_k,
                           BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST_DOT)
         p, alpha, m_i, l_i = _online_softmax_step(
             qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, window_left, window_right,
             qk_scale, softcap_log2, softcap_inv, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
-        v = _load_kv_tile(v_base, stride_vn, start_n, offs_d, seqlen_k,
-                          BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        v = _load_strided_tile(v_base, stride_vn, stride_vd, start_n, offs_d, seqlen_k,
+                               BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
         acc = acc * alpha[:, None]
-        acc = _mma(p.to(v.dtype), v, acc, UPCAST_DOT)
+        if FP8:
+            # P as e4m3, as FA3 does.  The tensor core sums an fp8 product in a ~14-bit
+            # accumulator (DeepSeek-V3 report, sec. 3.3.2), so each tile's P V is summed
+            # there and then added to acc in fp32 (max_num_imprecise_acc = BLOCK_N: one
+            # FMA with the rescale per element and tile), never the whole sequence.
+            acc = tl.dot(_to_e4m3(p, EMULATE_FP8), v, acc, max_num_imprecise_acc=BLOCK_N)
+        else:
+            acc = _mma(p.to(v.dtype), v, acc, UPCAST_DOT)
     return acc, l_i, m_i
 
 
@@ -94,13 +112,15 @@ def _attn_fwd(
     # pointers
     Q, K, V, O, LSE,
     CU_SEQLENS_Q, CU_SEQLENS_K,  # varlen only: (batch + 1,) int32 first-token offsets
+    Q_DESCALE, K_DESCALE, V_DESCALE,  # FP8 only: (batch, kv_heads) fp32 descale factors
     # strides (batch, head, seq); the head dim is unit-stride.  Varlen tensors are
     # (total_tokens, heads, head_dim) with batch stride 0: cu_seqlens places a sequence.
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
+    stride_vb, stride_vh, stride_vn, stride_vd,  # stride_vd: 1, or the seq length (FP8)
     stride_ob, stride_oh, stride_om,
     stride_lse_b, stride_lse_h,  # LSE rows are unit-stride
+    stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     # sizes (dense: the call's lengths; varlen: unused, each program reads its own)
     num_heads, group_size, seqlen_q, seqlen_k, num_m_blocks,
     window_left, window_right,
@@ -112,6 +132,7 @@ def _attn_fwd(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     REVERSE_M: tl.constexpr, UPCAST_DOT: tl.constexpr,
     IS_VARLEN: tl.constexpr, OFFSETS_64: tl.constexpr,
+    FP8: tl.constexpr, EMULATE_FP8: tl.constexpr,
 ):
     # A 1-D grid, query blocks fastest: the blocks of one head run next to each other
     # so they share its K/V in L2 (the same order as a (blocks, batch*heads) grid),
@@ -133,11 +154,19 @@ def _attn_fwd(
         stride_qm = tl.cast(stride_qm, tl.int64)
         stride_kn = tl.cast(stride_kn, tl.int64)
         stride_vn = tl.cast(stride_vn, tl.int64)
+        stride_vd = tl.cast(stride_vd, tl.int64)
         stride_om = tl.cast(stride_om, tl.int64)
     off_b = (off_bh // num_heads).to(tl.int64)
     off_h = off_bh % num_heads
     off_hk = (off_h // group_size).to(tl.int64)
     off_h = off_h.to(tl.int64)
+    if FP8:
+        # The real q.k is q_descale x k_descale x the stored product: one factor per
+        # program, folded into the scale (v_descale scales O at the end).
+        qk_descale = (tl.load(Q_DESCALE + off_b * stride_qdb + off_hk * stride_qdh)
+                      * tl.load(K_DESCALE + off_b * stride_kdb + off_hk * stride_kdh))
+        qk_scale = qk_scale * qk_descale
+        softcap_inv = softcap_inv * qk_descale
 
     if IS_VARLEN:
         q_start = tl.load(CU_SEQLENS_Q + off_b).to(tl.int64)
@@ -184,28 +213,33 @@ def _attn_fwd(
 
     # Stage 1: tiles cut by the window's left edge (element mask).
     acc, l_i, m_i = _kv_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, stride_vd, offs_m, offs_d,
         kv_lo, full_lo, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT,
+        FP8, EMULATE_FP8)
     # Stage 2: tiles wholly inside the band (no mask).
     acc, l_i, m_i = _kv_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, stride_vd, offs_m, offs_d,
         full_lo, full_hi, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT,
+        FP8, EMULATE_FP8)
     # Stage 3: diagonal tiles and the ragged last tile (element mask).
     acc, l_i, m_i = _kv_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, stride_vd, offs_m, offs_d,
         full_hi, kv_hi, seqlen_k, diag_offset, window_left, window_right,
         qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT,
+        FP8, EMULATE_FP8)
 
     # One division per row, at the end: a row with no visible key outputs zeros and
     # LSE = -inf; a NaN stays NaN (_finish_rows).
     sees_key = _row_sees_keys(offs_m, 0, seqlen_k, diag_offset, window_left, window_right,
                               HAS_LEFT, HAS_RIGHT)
     out, lse = _finish_rows(acc, l_i, m_i, sees_key)
+    if FP8:
+        out = out * tl.load(V_DESCALE + off_b * stride_vdb + off_hk * stride_vdh)
 
     o_base = O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]
@@ -247,6 +281,7 @@ def flash_forward(
     config: ForwardConfig | None = None,
     cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    descales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel on already-validated tensors.
 
@@ -257,6 +292,7 @@ def flash_forward(
     see ``attnlab.api.flash_attn_varlen_func``).  Returns O in the same layout and LSE
     float32, natural log: (batch, heads, seqlen_q), or (heads, total_q) for ``thd``
     (flash-attn's varlen layout).  Causal is bottom-right aligned, per sequence.
+    ``descales`` is the FP8 forward's (:func:`flash_forward_fp8`, which prepares V).
     """
     layout_named(layout)  # a name this module cannot read is refused before any plan
     options = dict(layout=layout, scale=scale, causal=causal, window=tuple(window),
@@ -265,14 +301,44 @@ def flash_forward(
     if launch_is_traced(q):
         # Traced, each launch must be a graph node (wrap_triton's HOP) for Inductor.
         plan = _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                             launcher=TracedLauncher(wrap_triton(_attn_fwd)), **options)
+                             launcher=TracedLauncher(wrap_triton(_attn_fwd)), descales=descales,
+                             **options)
     else:
         # A real call skips that HOP's dispatch and, after the first call with this
         # signature, the choices below and JITFunction.run's argument binding.
-        key = (*options.values(), q.device, tensor_key(q, k, v, cu_seqlens_q, cu_seqlens_k))
+        key = (*options.values(), q.device,
+               tensor_key(q, k, v, cu_seqlens_q, cu_seqlens_k, *(descales or ())))
         plan = _PLANS.get(key, lambda: _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                                     launcher=_DIRECT_FORWARD, **options))
+                                                     launcher=_DIRECT_FORWARD,
+                                                     descales=descales, **options))
+    if descales is not None:
+        return plan(q, k, v, cu_seqlens_q, cu_seqlens_k, descales)
     return plan(q, k, v, cu_seqlens_q, cu_seqlens_k)
+
+
+def keys_contiguous(v: torch.Tensor) -> torch.Tensor:
+    """A (batch, seqlen, kv_heads, d) V as the same-shaped view of a (batch, kv_heads, d,
+    seqlen) copy: each tile's keys contiguous (stride 1 along seqlen).  An fp8 wgmma
+    reads both operands k-major; for P V the reduction runs over the keys.  With d
+    contiguous instead, Triton 3.7.1 stages V through registers into a transposed shared
+    layout and leaves it out of the cp.async pipeline (sm_90a PTX: 12 against 24 async
+    copies, 76 shared stores per tile); Triton's own fp8 tutorial transposes V the same
+    way.  One read and write of V, small beside an O(N^2) prefill."""
+    return v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+def flash_forward_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      q_descale: torch.Tensor, k_descale: torch.Tensor,
+                      v_descale: torch.Tensor, *, scale: float, causal: bool = False,
+                      window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                      config: ForwardConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 forward (FA3's semantics) on validated float8_e4m3fn q, k, v (``bshd``) and
+    (batch, kv_heads) fp32 descale views: attention over q x q_descale, k x k_descale,
+    v x v_descale.  Q K^T runs on fp8 operands, P is rounded to e4m3 for P V (as FA3);
+    returns O in bf16 and LSE fp32 (natural log).  No backward."""
+    return flash_forward(q, k, keys_contiguous(v), layout="bshd", scale=scale, causal=causal,
+                         window=window, softcap=softcap, config=config,
+                         descales=(q_descale, k_descale, v_descale))
 
 
 # Forward plans by call signature (kernels/_launch.PlanCache).
@@ -283,16 +349,19 @@ class _ForwardPlan:
     """The Triton kernel's launch for one call signature: allocates O and LSE and
     launches (an empty call only fills them)."""
 
-    def __init__(self, out_shape, lse_shape, launch: PlannedLaunch | None) -> None:
+    def __init__(self, out_shape, lse_shape, launch: PlannedLaunch | None,
+                 out_dtype: torch.dtype | None = None) -> None:
         self.out_shape, self.lse_shape, self.launch = out_shape, lse_shape, launch
+        self.out_dtype = out_dtype  # None: q's (the FP8 forward writes bf16)
 
-    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
-        out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
+    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, descales=None):
+        out = torch.empty(self.out_shape, dtype=self.out_dtype or q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
         if self.launch is None:
             lse.fill_(float("-inf"))
             return out.zero_(), lse
-        self.launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        # Without descales the FP8-only pointers get any valid one (FP8 is off).
+        self.launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *(descales or (lse,) * 3))
         return out, lse
 
 
@@ -308,10 +377,12 @@ class _Sm90ForwardPlan:
 
 
 def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal, window,
-                  softcap, config, max_seqlen_q, max_seqlen_k, launcher):
-    """What ``flash_forward`` launches for tensors of these sizes, strides and alignment."""
+                  softcap, config, max_seqlen_q, max_seqlen_k, launcher, descales=None):
+    """What ``flash_forward`` launches for tensors of these sizes, strides and alignment
+    (and, for the FP8 forward, of its descales' strides)."""
     lay = layout_named(layout)
-    if not lay.is_varlen and config is None:
+    fp8 = descales is not None
+    if not lay.is_varlen and config is None and not fp8:
         sm90_config = dispatch.forward_config(q, k, v, layout=layout, causal=causal,
                                               window=window, softcap=softcap)
         if sm90_config is not None:
@@ -331,8 +402,9 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
     batch, num_heads, num_kv_heads = inputs.batch, inputs.heads, inputs.kv_heads
     seqlen_q, seqlen_k, head_dim = inputs.seqlen_q, inputs.seqlen_k, inputs.head_dim
     out_shape, lse_shape = inputs.out_shape(), inputs.lse_shape()
+    out_dtype = torch.bfloat16 if fp8 else None
     if batch == 0 or seqlen_q == 0 or 0 in out_shape:
-        return _ForwardPlan(out_shape, lse_shape, None)
+        return _ForwardPlan(out_shape, lse_shape, None, out_dtype)
     # O and LSE are allocated contiguous: their strides follow from the shapes.
     out_meta = torch.empty(out_shape, device="meta")
     stride_lse = (0, lse_shape[1]) if lay.is_varlen else (num_heads * seqlen_q, seqlen_q)
@@ -340,23 +412,32 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
     window_left, window_right = reach_window(effective_window(causal, window), seqlen_q, seqlen_k)
     has_left, has_right = window_left >= 0, window_right >= 0
     head_dim_pad = head_dim_padded(head_dim)
-    if config is None:
+    interpreted = kernel_is_interpreted()
+    if config is None and fp8:
+        config = fp8_forward_config(head_dim, causal or window != (-1, -1),
+                                    interpreted=interpreted)
+    elif config is None:
         # Varlen takes the tiles tuned for its longest sequence.
         shape = AttentionShape(batch=batch, query_heads=num_heads, kv_heads=num_kv_heads,
                                seqlen_q=seqlen_q, seqlen_k=max(seqlen_k, 1), head_dim=head_dim,
                                dtype=TORCH_DTYPE_NAMES[q.dtype], causal=causal, window=tuple(window))
-        config = forward_config(shape, interpreted=kernel_is_interpreted())
+        config = forward_config(shape, interpreted=interpreted)
 
     q_strides, k_strides, v_strides, o_strides = (
         lay.bhs_strides(t) for t in (q, k, v, out_meta))
+    stride_vd = v.stride(-1)  # 1, or the FP8 forward's keys-contiguous V
     offsets_64 = (
         any(offsets_need_int64(seqlen_q, s[2], config.block_m, head_dim_pad)
             for s in (q_strides, o_strides))
         or any(offsets_need_int64(seqlen_k, s[2], config.block_n, head_dim_pad)
-               for s in (k_strides, v_strides)))
+               for s in (k_strides, v_strides))
+        or head_dim_pad * stride_vd + seqlen_k + config.block_n > INT32_MAX)
+    # Per-tensor descales are stride-0 views: their strides are part of the plan's key.
+    descale_strides = tuple(n for d in descales for n in d.stride()) if fp8 else (0,) * 6
     num_m_blocks = triton.cdiv(seqlen_q, config.block_m)
     grid = (num_m_blocks * batch * num_heads,)
-    static = (*q_strides, *k_strides, *v_strides, *o_strides, *stride_lse,
+    static = (*q_strides, *k_strides, *v_strides, stride_vd, *o_strides, *stride_lse,
+              *descale_strides,
               num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_m_blocks,
               max(window_left, 0), max(window_right, 0),
               scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0)
@@ -364,7 +445,9 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
                 BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                 HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
                 REVERSE_M=has_right,
-                UPCAST_DOT=kernel_is_interpreted() and q.dtype == torch.bfloat16,
+                UPCAST_DOT=interpreted and q.dtype == torch.bfloat16,
                 IS_VARLEN=lay.is_varlen, OFFSETS_64=offsets_64,
+                FP8=fp8, EMULATE_FP8=fp8 and interpreted,
                 num_warps=config.num_warps, num_stages=config.num_stages)
-    return _ForwardPlan(out_shape, lse_shape, PlannedLaunch(launcher, grid, static, meta))
+    return _ForwardPlan(out_shape, lse_shape, PlannedLaunch(launcher, grid, static, meta),
+                        out_dtype)

@@ -170,8 +170,12 @@ def append_to_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
         page_size = k_cache.shape[1]
         pages = torch.gather(block_table.to(torch.int64), 1, positions // page_size)
         index = (pages, positions % page_size)
-    k_cache[index] = k
-    v_cache[index] = v
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        if cache.dtype == torch.float8_e4m3fn:
+            # Bytes in, bytes out: index_put_ on a uint8 view is there for every device and
+            # torch build (the e4m3 values were rounded by quantize_e4m3).
+            cache, new = cache.view(torch.uint8), new.view(torch.uint8)
+        cache[index] = new
 
 
 def cache_keys(cache: torch.Tensor, b: int, first: int, stop: int, *,
@@ -192,13 +196,16 @@ def kvcache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       cache_leftpad: torch.Tensor | None = None,
                       block_table: torch.Tensor | None = None, scale: float | None = None,
                       causal: bool = False, window: tuple[int, int] = (-1, -1),
-                      softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                      softcap: float = 0.0, k_descale: torch.Tensor | None = None,
+                      v_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The float64 oracle of the attend half of ``flash_attn_with_kvcache`` (bshd q).
 
     Gathers each sequence's live keys [leftpad[b], cache_seqlens[b] + seqlen_new) (the
     append already done) and runs :func:`tiled` on them in float64.  Returns out
     (batch, seqlen_q, heads, d) in q's dtype and LSE (batch, heads, seqlen_q) fp32.
-    A sequence with no live key outputs zeros and LSE = -inf.
+    A sequence with no live key outputs zeros and LSE = -inf.  An fp8 cache is read as
+    its stored values times ``k_descale``/``v_descale`` ((batch, kv_heads), sequence b's
+    row), exactly, in float64.
     """
     batch, seqlen_q, heads, head_dim = q.shape
     capacity = (k_cache.shape[1] if block_table is None
@@ -212,8 +219,12 @@ def kvcache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         if ends[b] <= firsts[b]:
             continue
         keys = [cache_keys(c, b, firsts[b], ends[b], cache_batch_idx=cache_batch_idx,
-                           block_table=block_table).to("cpu", torch.float64).transpose(0, 1)[None]
+                           block_table=block_table).to("cpu", torch.float64)
                 for c in (k_cache, v_cache)]
+        if k_descale is not None:
+            keys = [t * d[b].to("cpu", torch.float64)[:, None]
+                    for t, d in zip(keys, (k_descale, v_descale), strict=True)]
+        keys = [t.transpose(0, 1)[None] for t in keys]
         query = q[b:b + 1].to("cpu", torch.float64).transpose(1, 2)
         out_b, lse_b = tiled(query, *keys, causal=causal, scale=scale, window=window,
                              softcap=softcap)
