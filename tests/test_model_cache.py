@@ -153,3 +153,25 @@ def test_a_pass_split_into_chunked_launches_counts_once():
     assert [k.name for k in merged] == [gemm, gemm, scale]  # two GEMMs are two passes
     assert merged[2].dram_bytes_read == 300 and merged[2].dram_bytes_write == 150
     assert merged[2].duration_ns == 30.0
+
+
+# ----- an fp8 (e4m3) KV cache ---------------------------------------------------------------
+def test_fp8_decode_prediction_by_hand():
+    shape = AttentionShape(batch=16, query_heads=32, kv_heads=8, seqlen_q=1, seqlen_k=32768,
+                           head_dim=128, dtype="bf16", causal=True)
+    kv_fp8 = 2 * 16 * 8 * 32768 * 128  # K and V, one byte per element
+    q = 16 * 32 * 128 * 2
+    assert cm.decode_kv_bytes(shape) == 2 * kv_fp8
+    assert cm.decode_kv_bytes(shape, kv_dtype="fp8") == kv_fp8 + 2 * 4  # per tensor
+    assert cm.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="kv-head") == \
+        kv_fp8 + 2 * 16 * 8 * 4
+    (one,) = cm.predict_attnlab_decode(shape, 1, kv_dtype="fp8", kv_scales="kv-head")
+    assert one.read_bytes == q + kv_fp8 + 2 * 16 * 8 * 4
+    assert one.written_bytes == q + 16 * 32 * 4  # O (bf16) and LSE
+    split, combine = cm.predict_attnlab_decode(shape.replace(batch=1), 14, kv_dtype="fp8")
+    assert split.read_bytes == 32 * 128 * 2 + kv_fp8 // 16 + 8
+    bf16_split, _ = cm.predict_attnlab_decode(shape.replace(batch=1), 14)
+    assert bf16_split.read_bytes - split.read_bytes == kv_fp8 // 16 - 8
+    assert combine.read_bytes == 14 * 32 * (128 * 4 + 4)
+    with pytest.raises(ValueError, match="kv_scales must be one of tensor, kv-head"):
+        cm.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="row")

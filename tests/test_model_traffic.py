@@ -417,3 +417,23 @@ def test_the_sm90_dkdv_path_reads_the_lse_in_log2_units_written_by_dq():
     assert "LSE (log2)" in dict(dkdv.reads) and "LSE" not in dict(dkdv.reads)
     assert t.total_bytes - traffic.backward_traffic(CAUSAL, variant="attnlab").total_bytes == \
         4096 * 4
+
+
+# ----- an fp8 (e4m3) KV cache ---------------------------------------------------------------
+def test_fp8_cache_decode_bytes_by_hand():
+    # 16 sequences x 32k keys, 8 KV heads of d = 128, 32 query heads, one query, 1 split.
+    shape = AttentionShape(batch=16, query_heads=32, kv_heads=8, seqlen_q=1, seqlen_k=32768,
+                           head_dim=128, dtype="bf16", causal=True)
+    bf16 = traffic.flash_decoding_traffic(shape, num_splits=1)
+    fp8 = traffic.flash_decoding_traffic(shape, num_splits=1, kv_dtype="float8_e4m3fn")
+    per_operand = 16 * 8 * 32768 * 128  # elements of K (and of V), each row read once
+    assert bf16.bytes_of("K") == bf16.bytes_of("V") == 2 * per_operand
+    assert fp8.bytes_of("K") == fp8.bytes_of("V") == per_operand  # 1 byte each
+    assert fp8.bytes_of("Q") == bf16.bytes_of("Q") == 16 * 32 * 128 * 2  # q stays bf16
+    # One k and one v descale (4 bytes each) per split program: 16 x 8 programs.
+    assert fp8.bytes_of("K/V descales (fp32)") == 16 * 8 * 2 * 4
+    assert bf16.bytes_of("K/V descales (fp32)") == 0
+    assert fp8.total_bytes == bf16.total_bytes - 2 * per_operand + 16 * 8 * 8
+    assert "fp8" in fp8.label
+    with pytest.raises(ValueError, match="kv_dtype must be fp16, bf16, fp32, fp64 or fp8"):
+        traffic.flash_decoding_traffic(shape, num_splits=1, kv_dtype="e5m2")

@@ -61,6 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from attnlab.checks import check_int
+from attnlab.dtypes import canonical_kv_dtype
 from attnlab.masking import shape_band, visible_pairs
 from attnlab.model import hardware
 from attnlab.model import traffic as logical_traffic
@@ -264,14 +265,17 @@ def predict_fused_forward(shape: AttentionShape, tiling: FusedTiling,
 
 
 def predict_split_kv(shape: AttentionShape, num_splits: int, tiling: FusedTiling,
-                     hw: CacheHardware = H200) -> list[PredictedKernel]:
-    """Split-KV forward + combine: FP32 partial O and LSE per split, then a merge."""
+                     hw: CacheHardware = H200, *, kv_bytes: int | None = None) -> list[PredictedKernel]:
+    """Split-KV forward + combine: FP32 partial O and LSE per split, then a merge.
+    ``kv_bytes``: the K/V (and descale) bytes read, where they are not the shape's dtype
+    (:func:`predict_attnlab_decode`'s fp8 cache)."""
     s = _check(shape)
     if num_splits < 2:
         raise ValueError(f"num_splits must be >= 2 for a split-KV launch, got {num_splits}")
     b = s.element_bytes
     q = s.batch * s.query_heads * s.seqlen_q * s.head_dim * b
-    kv = 2 * s.batch * s.kv_heads * _visible_kv_rows(s) * s.head_dim * b
+    kv = 2 * s.batch * s.kv_heads * _visible_kv_rows(s) * s.head_dim * b if kv_bytes is None \
+        else kv_bytes
     rows = s.batch * s.query_heads * s.seqlen_q
     partials = num_splits * rows * (s.head_dim * PARTIAL_BYTES + STATS_BYTES)
     out = q + (rows * STATS_BYTES if tiling.writes_lse else 0)
@@ -377,19 +381,43 @@ def predict_attnlab(shape: AttentionShape, hw: CacheHardware = H200, *, block_m:
         s, tiling, hw, label=f"attnlab forward ({block_m} x {block_n} tiles)")
 
 
+KV_SCALES = ("tensor", "kv-head")
+
+
+def decode_kv_bytes(shape: AttentionShape, *, kv_dtype: str | None = None,
+                    kv_scales: str = "tensor") -> int:
+    """The K and V bytes a GQA-packed decode reads from DRAM, each live row once: in the
+    cache's dtype (``kv_dtype``, default the shape's; ``fp8`` = 1 byte), plus an fp8
+    cache's fp32 descales (``kv_scales``: one K and one V factor per tensor, or per
+    (batch, KV head)) -- read by every split program, but the same few bytes: from DRAM
+    once."""
+    s = _check(shape)
+    if kv_scales not in KV_SCALES:
+        raise ValueError(f"kv_scales must be one of {', '.join(KV_SCALES)}, got {kv_scales!r}")
+    element = logical_traffic.kv_element_bytes(s, kv_dtype)
+    kv = 2 * s.batch * s.kv_heads * _visible_kv_rows(s) * s.head_dim * element
+    if kv_dtype is None or canonical_kv_dtype(kv_dtype) != "fp8":
+        return kv
+    factors = 1 if kv_scales == "tensor" else s.batch * s.kv_heads
+    return kv + 2 * factors * STATS_BYTES
+
+
 def predict_attnlab_decode(shape: AttentionShape, num_splits: int,
-                           hw: CacheHardware = H200) -> list[PredictedKernel]:
+                           hw: CacheHardware = H200, *, kv_dtype: str | None = None,
+                           kv_scales: str = "tensor") -> list[PredictedKernel]:
     """attnlab's split-KV decode: the query heads of a KV group packed in one program,
     so K/V are read once per KV head; with one split the kernel writes O and LSE
     itself (no combine).  ``num_splits`` is the launcher's choice for the shape
-    (:func:`attnlab.kernels.decode.launch_plan`, passed in by the caller)."""
+    (:func:`attnlab.kernels.decode.launch_plan`, passed in by the caller).  ``kv_dtype``
+    and ``kv_scales``: the cache's storage (:func:`decode_kv_bytes`); Q and O stay in
+    the shape's dtype."""
     s = _check(shape)
+    kv = decode_kv_bytes(s, kv_dtype=kv_dtype, kv_scales=kv_scales)
     if num_splits >= 2:
         return predict_split_kv(s, num_splits, FusedTiling(s.seqlen_q, 0, Launch(128, 255, 0)),
-                                hw)
+                                hw, kv_bytes=kv)
     b = s.element_bytes
     q = s.batch * s.query_heads * s.seqlen_q * s.head_dim * b
-    kv = 2 * s.batch * s.kv_heads * _visible_kv_rows(s) * s.head_dim * b
     rows = s.batch * s.query_heads * s.seqlen_q
     return [_kernel("split_kv", "split-KV decode (1 split)", unshared_reads=0,
                     shared_reads=q + kv, written=q + rows * STATS_BYTES, hw=hw,

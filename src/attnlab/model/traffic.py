@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnlab.checks import check_bool, check_int
+from attnlab.dtypes import KV_DTYPE_BYTES, canonical_kv_dtype
 from attnlab.masking import split_plan, tile_plan, visible_pairs
 from attnlab.model import flops as flop_model
 from attnlab.shapes import AttentionShape, check_shape, dtype_bytes
@@ -322,9 +323,14 @@ def gqa_kv_bytes(shape: AttentionShape, *, scope: str = "layer",
 
 
 # ----- Flash-Decoding ------------------------------------------------------------------
+def kv_element_bytes(shape: AttentionShape, kv_dtype: str | None) -> int:
+    """Bytes per K/V element: the cache's dtype (``fp8``: 1) or, None, the shape's."""
+    return shape.element_bytes if kv_dtype is None else KV_DTYPE_BYTES[canonical_kv_dtype(kv_dtype)]
+
+
 def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: bool = True,
                            write_lse: bool = False, scope: str = "layer",
-                           layers: int | None = None) -> Traffic:
+                           layers: int | None = None, kv_dtype: str | None = None) -> Traffic:
     """Flash-Decoding: the KV sequence split across CTAs, then a logsumexp combine.
 
     Split kernel: each (split, query tile) reads its Q tile and, once, the K/V tiles of
@@ -334,7 +340,9 @@ def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: 
     KV tiles each (:func:`attnlab.masking.split_plan`, flash-attn's rule); an empty
     trailing split still writes its partials, as flash-attn's does.
     ``pack_gqa`` (default, what decode kernels do): one pass over a KV head serves
-    all query heads of its group.
+    all query heads of its group.  ``kv_dtype``: the KV cache's storage dtype (default
+    the shape's; ``fp8`` = e4m3, 1 byte); an fp8 cache's split programs each also read
+    a K and a V descale (fp32), counted as "K/V descales (fp32)".
     """
     check_shape(shape)
     _check_flag(pack_gqa, "pack_gqa")
@@ -346,6 +354,8 @@ def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: 
     q_heads = s.batch * s.query_heads
     kv_passes = s.batch * (s.kv_heads if pack_gqa else s.query_heads)
     act = s.head_dim * s.element_bytes
+    kv_act = s.head_dim * kv_element_bytes(s, kv_dtype)
+    fp8 = kv_dtype is not None and canonical_kv_dtype(kv_dtype) == "fp8"
     kv_rows = sum(plan.kv_rows_loaded(r.start, r.stop) for r in splits)
     q_rows_read = sum(plan.query_rows_loading(r.start, r.stop) for r in splits)
     partial_o = num_splits * q_heads * s.seqlen_q * s.head_dim * PARTIAL_BYTES
@@ -359,15 +369,19 @@ def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: 
     if write_lse:
         combine_writes["LSE"] = q_heads * s.seqlen_q * STATS_BYTES
     condition = mask_condition(shape)
+    split_reads = {"Q": q_heads * q_rows_read * act,
+                   "K": kv_passes * kv_rows * kv_act, "V": kv_passes * kv_rows * kv_act}
+    if fp8:  # one k and one v descale per split program (per KV pass and query tile)
+        split_reads["K/V descales (fp32)"] = (kv_passes * num_splits * plan.query_tile_count
+                                              * 2 * STATS_BYTES)
     return Traffic(
         variant="flash-decoding",
         label=f"Flash-Decoding, {num_splits} splits, {condition}"
-              + (", GQA packed" if pack_gqa and s.group_size > 1 else ""),
+              + (", GQA packed" if pack_gqa and s.group_size > 1 else "")
+              + (", fp8 (e4m3) KV cache" if fp8 else ""),
         scope=sc.name, condition=condition, shape=shape, layers=sc.layers,
         kernels=(
-            sc.kernel(f"split-KV attention ({num_splits} splits)",
-                      {"Q": q_heads * q_rows_read * act,
-                       "K": kv_passes * kv_rows * act, "V": kv_passes * kv_rows * act},
+            sc.kernel(f"split-KV attention ({num_splits} splits)", split_reads,
                       {"O partial (fp32)": partial_o, "LSE partial (fp32)": partial_lse},
                       split_flops),
             sc.kernel("combine partials (logsumexp)",
@@ -376,6 +390,7 @@ def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: 
         ),
         assumptions=("each split reads its K/V once; Q read once per split",
                      "partial outputs and LSEs are FP32, written once and read once",
+                     *(("K/V stored as e4m3 (1 byte), with fp32 descales",) if fp8 else ()),
                      "logical: no cache reuse"),
     )
 
