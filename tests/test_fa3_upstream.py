@@ -31,7 +31,8 @@ FA3_TEST_IMPORTS = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_com
 
 # FA3's own switches, and why each is off for attnlab.
 FA3_SWITCHES = {
-    "FLASH_ATTENTION_DISABLE_FP8": "no fp8 kernels (q/k/v_descale are refused)",
+    "FLASH_ATTENTION_DISABLE_FP8": "its fp8 cases run fp8 queries against caches and varlen "
+                                   "fp8, both refused (attnlab's fp8 paths: test_fp8.py)",
     "FLASH_ATTENTION_DISABLE_LOCAL": "its local cases also draw attention_chunk != 0 (refused); "
                                      "attnlab's window tests cover window_size",
     "FLASH_ATTENTION_DISABLE_HDIM64": "at d = 64 the tests also use a v head dim of 256 and 512",

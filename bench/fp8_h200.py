@@ -1,0 +1,400 @@
+"""FP8 (e4m3) on the H200: the fp8 KV cache's decode and the FP8 prefill, accuracy then speed.
+
+One call for the lead's lease (issue 31), about 110 s with compiles:
+
+    PYTHONPATH=src python3 bench/fp8_h200.py --out $OUT [--phases correct,decode,prefill,tune]
+
+1. ``correct`` (cap 25 s): the fp8 cache's rule (float64 on the dequantised cache, 2x
+   PyTorch's bf16 error) at 1 x 32k and 4 x 8k paged, d = 128 and 256; the FP8 prefill's
+   bound (accuracy.check_fp8_accuracy) at N = 4k, causal and not; a failing case is
+   recorded and the run goes on (correctness.jsonl);
+2. ``decode`` (cap 50 s): batch {1, 16} x cache {32k, 128k} x heads {32 q / 8 kv d=128,
+   24 q / 4 kv d=256}, one query, causal: attnlab with a bf16 cache, attnlab with an fp8
+   cache (per-(batch, kv_head) descales), SDPA's cuDNN backend on the bf16 cache; CUDA-graph
+   replay (measure/timing.py); TB/s over the bytes the byte model says each reads
+   (model.cache.decode_kv_bytes: fp8 is 1 byte per element plus its descales);
+3. ``prefill`` (cap 30 s): d = 128, N = 4k/8k/16k, causal and not, attnlab's bf16 forward
+   (whatever its dispatcher runs) against the FP8 forward (FA3 interface, V's transpose
+   included), TFLOP/s;
+4. ``tune`` (only when asked, cap 40 s): other fp8 decode and prefill tilings.
+
+Records (measure.records; the provider names the cache dtype: ``attnlab_decode_bf16``,
+``attnlab_decode_fp8``, ``sdpa_cudnn``, ``attnlab_forward_bf16``, ``attnlab_forward_fp8``;
+the shape's dtype is the queries' and output's, bf16) go to decode.jsonl and
+prefill_forward.jsonl in --out, speedups to fp8_speedups.jsonl; a table is printed last
+with the issue's targets (fp8 decode >= 1.8x bf16 at batch 16 from 32k, >= 1.6x at
+batch 1 from 32k; fp8 prefill >= 1.4x bf16 at d = 128 from 4k).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+
+import torch
+
+import attnlab
+import attnlab.flash_attn_interface as fa3
+from attnlab.accuracy import check_fp8_accuracy, check_fp8_cache_accuracy
+from attnlab.kernels.configs import DecodeConfig, ForwardConfig, decode_config
+from attnlab.kernels.decode import flash_decode, sm_count
+from attnlab.kernels.forward import flash_forward_fp8
+from attnlab.measure import records
+from attnlab.measure.engine import Bench
+from attnlab.measure.providers import PROVIDERS, ProviderUnavailable, make_inputs, prepare
+from attnlab.measure.timing import time_call
+from attnlab.model import cache as cache_model
+from attnlab.model import flops as flop_model
+from attnlab.reference.fp8 import per_head, quantize_e4m3
+from attnlab.shapes import AttentionShape
+
+DECODE_HEADS = ((32, 8, 128), (24, 4, 256))
+FP8 = torch.float8_e4m3fn
+KERNELS = ["_split_kv_decode", "_combine_partials"]
+
+bench = Bench("fp8_h200", __doc__, budget_s=115.0)
+
+
+def log(*args) -> None:
+    print(*args, flush=True)
+
+
+def randn(*shape, seed=0, dtype=torch.bfloat16):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def descale_of(x: torch.Tensor) -> torch.Tensor:
+    """A per-(batch, kv_head) descale putting x's largest magnitude at e4m3's 448."""
+    return (x.float().abs().amax(dim=(1, 3)) / 448.0).clamp_min(1e-12)
+
+
+def fp8_cache(batch, seqlen, kv_heads, dim, seed):
+    """(real bf16 cache, its e4m3 copy, descale) for K or V."""
+    real = randn(batch, seqlen, kv_heads, dim, seed=seed)
+    descale = descale_of(real)
+    return real, quantize_e4m3(real, per_head(descale)), descale
+
+
+def decode_shape(batch, seqlen, heads, kv_heads, dim) -> AttentionShape:
+    return AttentionShape(batch=batch, query_heads=heads, kv_heads=kv_heads, seqlen_q=1,
+                          seqlen_k=seqlen, head_dim=dim, dtype="bf16", causal=True)
+
+
+def timed(fn, inputs, context=None):
+    """Median ms under CUDA-graph replay (event-timed if capture fails), and how."""
+    try:
+        return time_call(fn, [inputs], warmup=3, flush="l2", cuda_graph=True, context=context,
+                         target_ms=40.0, max_repeats=60)
+    except Exception as error:  # noqa: BLE001 -- record how it was timed instead
+        log(f"  graph capture failed ({type(error).__name__}: {str(error)[:80]}); event-timed")
+        return time_call(fn, [inputs], warmup=3, flush="l2", cuda_graph=False, context=context,
+                         target_ms=40.0, max_repeats=60)
+
+
+def record(ctx, name, shape, phase, timing, *, tbps=None, tflops=None, kernel_names=()):
+    return records.make_record(kernel="call", provider=name, phase=phase, shape=shape,
+                               metric="latency", unit="ms", p20=timing.p20, p50=timing.p50,
+                               p80=timing.p80, repeats=timing.repeats, env=ctx.env, tbps=tbps,
+                               tflops=tflops, kernel_names=list(kernel_names),
+                               timing_method=timing.method)
+
+
+def skipped(ctx, name, shape, phase, reason):
+    log(f"  skip {name} {shape.describe()}: {reason}")
+    return records.skipped_record(provider=name, phase=phase, shape=shape, reason=reason,
+                                  env=ctx.env)
+
+
+# ----- 1. correctness --------------------------------------------------------------------------
+@bench.phase("correct", cap_s=25.0)
+def correctness(ctx) -> None:
+    """The fp8 cache's rule and the FP8 prefill's bound at real sizes."""
+    rows, failures = [], 0
+
+    def case(name, fn):
+        nonlocal failures
+        if ctx.spent():
+            ctx.unmeasured([name])
+            return
+        start = time.perf_counter()
+        try:
+            passed, detail = fn()
+        except Exception as error:  # record and go on
+            passed, detail = False, f"{type(error).__name__}: {error}"
+            traceback.print_exc()
+        failures += not passed
+        row = {"what": name, "passed": passed, "detail": detail,
+               "seconds": round(time.perf_counter() - start, 2), **ctx.env}
+        rows.append(row)
+        ctx.append_row("correctness.jsonl", row)
+        log(f"{'ok  ' if passed else 'FAIL'} {name}: {detail}")
+
+    def decode_case(batch, seqlen, heads, kv_heads, dim, page_size=None):
+        def run():
+            _, k8, kd = fp8_cache(batch, seqlen, kv_heads, dim, seed=1)
+            _, v8, vd = fp8_cache(batch, seqlen, kv_heads, dim, seed=2)
+            q = randn(batch, 1, heads, dim, seed=3)
+            caches, extra = (k8, v8), {}
+            if page_size:  # the same bytes in shuffled pages: pages[table[b, j]] = page (b, j)
+                per_seq = seqlen // page_size
+                order = torch.randperm(batch * per_seq, device="cuda")
+                caches = []
+                for c in (k8, v8):
+                    pages = c.view(torch.uint8).view(batch * per_seq, page_size, kv_heads, dim)
+                    shuffled = torch.empty_like(pages)
+                    shuffled[order] = pages
+                    caches.append(shuffled.view(FP8))
+                extra = {"block_table": order.to(torch.int32).view(batch, per_seq)}
+            out, lse = attnlab.flash_attn_with_kvcache(q, *caches, causal=True, k_descale=kd,
+                                                       v_descale=vd, return_softmax_lse=True,
+                                                       **extra)
+            checks = [check_fp8_cache_accuracy(out[b:b + 1], lse[b:b + 1], q[b:b + 1],
+                                               k8[b:b + 1], v8[b:b + 1], kd[b:b + 1],
+                                               vd[b:b + 1], causal=True)
+                      for b in sorted({0, batch - 1})]
+            return all(c.passed for c in checks), "; ".join(
+                f"err {c.error:.2e} allowed {c.allowed:.2e} lse {c.lse_error:.1e}" for c in checks)
+        return run
+
+    def prefill_case(seqlen, causal):
+        def run():
+            batch, heads, kv_heads, dim = 1, 8, 2, 128
+            real = [randn(batch, seqlen, h, dim, seed=s) for h, s in ((heads, 4), (kv_heads, 5),
+                                                                     (kv_heads, 6))]
+            scales = [descale_of(real[0]).view(batch, kv_heads, -1).amax(-1),
+                      descale_of(real[1]), descale_of(real[2])]
+            q8 = quantize_e4m3(real[0], per_head(scales[0].repeat_interleave(heads // kv_heads, 1)))
+            k8, v8 = (quantize_e4m3(t, per_head(d)) for t, d in zip(real[1:], scales[1:],
+                                                                   strict=True))
+            out, lse = fa3.flash_attn_func(q8, k8, v8, causal=causal, q_descale=scales[0],
+                                           k_descale=scales[1], v_descale=scales[2],
+                                           return_attn_probs=True)
+            check = check_fp8_accuracy(out, lse, q8, k8, v8, *scales, causal=causal)
+            return check.passed, (f"err {check.error:.2e} error/bound {check.bound_ratio:.3f} "
+                                  f"(worst at {check.worst}) lse/bound {check.lse_ratio:.3f}")
+        return run
+
+    case("fp8 cache 1 x 32768, 32 q / 8 kv, d 128", decode_case(1, 32768, 32, 8, 128))
+    case("fp8 cache 4 x 8192 paged 256, 32 q / 8 kv, d 128", decode_case(4, 8192, 32, 8, 128, 256))
+    case("fp8 cache 2 x 8192, 24 q / 4 kv, d 256", decode_case(2, 8192, 24, 4, 256))
+    case("fp8 prefill 4096, d 128", prefill_case(4096, False))
+    case("fp8 prefill 4096, d 128, causal", prefill_case(4096, True))
+    log(f"correctness: {len(rows) - failures}/{len(rows)} passed")
+    ctx.fail(failures)
+
+
+# ----- 2. decode -------------------------------------------------------------------------------
+def decode_grid(args) -> list[AttentionShape]:
+    for name in ("sdpa_cudnn",):
+        PROVIDERS[name]  # noqa: B018 - a renamed provider fails here, on a CPU
+    return [decode_shape(batch, seqlen, heads, kv_heads, dim)
+            for heads, kv_heads, dim in DECODE_HEADS for batch in (1, 16)
+            for seqlen in (32768, 131072)]
+
+
+def decode_calls(shape: AttentionShape):
+    """(name, fn, inputs, bytes read) of attnlab's bf16 and fp8 cache decodes."""
+    b, n, hk, d = shape.batch, shape.seqlen_k, shape.kv_heads, shape.head_dim
+    k, k8, kd = fp8_cache(b, n, hk, d, seed=11)
+    v, v8, vd = fp8_cache(b, n, hk, d, seed=12)
+    q = randn(b, 1, shape.query_heads, d, seed=13)
+    scale = shape.softmax_scale
+
+    def bf16(q, k, v):
+        return attnlab.flash_attn_with_kvcache(q, k, v, causal=True, softmax_scale=scale)
+
+    def fp8(q, k, v, kd, vd):
+        return attnlab.flash_attn_with_kvcache(q, k, v, causal=True, softmax_scale=scale,
+                                               k_descale=kd, v_descale=vd)
+
+    return [("attnlab_decode_bf16", bf16, (q, k, v), cache_model.decode_kv_bytes(shape)),
+            ("attnlab_decode_fp8", fp8, (q, k8, v8, kd, vd),
+             cache_model.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="kv-head"))]
+
+
+@bench.phase("decode", cap_s=50.0, plan=decode_grid)
+def decode(ctx) -> list[dict]:
+    """attnlab's bf16 and fp8 cache decodes and cuDNN's bf16, under CUDA-graph replay."""
+    out = []
+    for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
+        log(f"== {shape.describe()}")
+        first = len(out)
+        try:
+            calls = decode_calls(shape)
+        except Exception as error:  # noqa: BLE001 -- e.g. out of memory: record, go on
+            out += [skipped(ctx, name, shape, "decode", f"inputs: {type(error).__name__}: {error}")
+                    for name in ("attnlab_decode_bf16", "attnlab_decode_fp8")]
+            calls = []
+        for name, fn, inputs, moved in calls:
+            try:
+                timing = timed(fn, inputs)
+                tbps = moved / (timing.p50 * 1e-3) / 1e12
+                out.append(record(ctx, name, shape, "decode", timing, tbps=tbps,
+                                  kernel_names=KERNELS))
+                log(f"  {name:22s} {timing.p50 * 1e3:8.1f} us  {tbps:.2f} TB/s of modelled bytes")
+            except Exception as error:  # noqa: BLE001 -- record and go on
+                traceback.print_exc()
+                out.append(skipped(ctx, name, shape, "decode", f"failed: {type(error).__name__}: "
+                                                               f"{error}"))
+        del calls
+        torch.cuda.empty_cache()
+        try:
+            prepared = prepare(PROVIDERS["sdpa_cudnn"], shape, "decode", "cuda")
+            inputs = make_inputs(shape, PROVIDERS["sdpa_cudnn"].input_layout, "cuda")
+            timing = timed(prepared.unpinned_call, inputs, context=prepared.pin)
+            tbps = cache_model.decode_kv_bytes(shape) / (timing.p50 * 1e-3) / 1e12
+            out.append(record(ctx, "sdpa_cudnn", shape, "decode", timing, tbps=tbps))
+            log(f"  {'sdpa_cudnn':22s} {timing.p50 * 1e3:8.1f} us  {tbps:.2f} TB/s")
+            del inputs, prepared
+        except ProviderUnavailable as error:
+            out.append(skipped(ctx, "sdpa_cudnn", shape, "decode", str(error)))
+        except Exception as error:  # noqa: BLE001
+            traceback.print_exc()
+            out.append(skipped(ctx, "sdpa_cudnn", shape, "decode",
+                               f"failed: {type(error).__name__}: {error}"))
+        torch.cuda.empty_cache()
+        ctx.upsert("decode.jsonl", out[first:])  # this point's records, kept at once
+    return out
+
+
+# ----- 3. prefill ------------------------------------------------------------------------------
+def prefill_grid(args) -> list[AttentionShape]:
+    return [AttentionShape(batch=2, query_heads=16, kv_heads=16, seqlen_q=n, seqlen_k=n,
+                           head_dim=128, dtype="bf16", causal=causal)
+            for n in (4096, 8192, 16384) for causal in (False, True)]
+
+
+def prefill_calls(shape: AttentionShape, config: ForwardConfig | None = None):
+    b, n, h, d = shape.batch, shape.seqlen_q, shape.query_heads, shape.head_dim
+    q, k, v = (randn(b, n, h, d, seed=s) for s in (21, 22, 23))
+    scales = [descale_of(t) for t in (q, k, v)]
+    q8, k8, v8 = (quantize_e4m3(t, per_head(s)) for t, s in zip((q, k, v), scales, strict=True))
+    causal = shape.causal
+
+    def bf16(q, k, v):
+        return attnlab.flash_attn_func(q, k, v, causal=causal)
+
+    def fp8(q, k, v, qd, kd, vd):
+        if config is not None:
+            return flash_forward_fp8(q, k, v, qd, kd, vd, scale=shape.softmax_scale,
+                                     causal=causal, config=config)[0]
+        return fa3.flash_attn_func(q, k, v, causal=causal, q_descale=qd, k_descale=kd,
+                                   v_descale=vd)
+
+    return [("attnlab_forward_bf16", bf16, (q, k, v)),
+            ("attnlab_forward_fp8", fp8, (q8, k8, v8, *scales))]
+
+
+@bench.phase("prefill", cap_s=30.0, plan=prefill_grid)
+def prefill(ctx) -> list[dict]:
+    """attnlab's bf16 forward against the FP8 forward, d = 128, 4k-16k."""
+    out = []
+    for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
+        log(f"== {shape.describe()}")
+        first = len(out)
+        flops = flop_model.conventional_attention_flops(shape)  # 4 B H N^2 d, halved causal
+        for name, fn, inputs in prefill_calls(shape):
+            try:
+                with torch.no_grad():
+                    timing = timed(fn, inputs)
+                tflops = flops / (timing.p50 * 1e-3) / 1e12
+                out.append(record(ctx, name, shape, "prefill", timing, tflops=tflops))
+                log(f"  {name:22s} {timing.p50:8.3f} ms  {tflops:.0f} TFLOP/s")
+            except Exception as error:  # noqa: BLE001 -- record and go on
+                traceback.print_exc()
+                out.append(skipped(ctx, name, shape, "prefill",
+                                   f"failed: {type(error).__name__}: {error}"))
+        torch.cuda.empty_cache()
+        ctx.upsert("prefill_forward.jsonl", out[first:])
+    return out
+
+
+# ----- 4. tuning -------------------------------------------------------------------------------
+DECODE_TUNE = (DecodeConfig(128, 4, 3, 1), DecodeConfig(128, 4, 4, 1), DecodeConfig(64, 4, 4, 2),
+               DecodeConfig(128, 8, 3, 1))
+PREFILL_TUNE = (ForwardConfig(128, 128, 8, 3), ForwardConfig(128, 64, 8, 3),
+                ForwardConfig(128, 128, 8, 4), ForwardConfig(128, 128, 8, 2))
+
+
+@bench.phase("tune", default=False, cap_s=40.0)
+def tuning(ctx) -> None:
+    """Other tilings of the fp8 decode (1 and 16 x 32k) and the FP8 prefill (8k)."""
+    out = []
+    for batch in (1, 16):
+        shape = decode_shape(batch, 32768, 32, 8, 128)
+        _, fn, (q, k8, v8, kd, vd), moved = decode_calls(shape)[1]
+        for config in ctx.within_budget(DECODE_TUNE, label=str):
+            name = (f"attnlab_decode_fp8[block_n={config.block_n},warps={config.num_warps},"
+                    f"stages={config.num_stages}]")
+            try:
+                def run(q, k, v, kd, vd, config=config):
+                    return flash_decode(q, k, v, scale=shape.softmax_scale, causal=True,
+                                        config=config, k_descale=kd, v_descale=vd)
+                timing = timed(run, (q, k8, v8, kd, vd))
+                out.append(record(ctx, name, shape, "decode", timing,
+                                  tbps=moved / (timing.p50 * 1e-3) / 1e12, kernel_names=KERNELS))
+                log(f"  tune {shape.describe()} {name}: {timing.p50 * 1e3:.1f} us")
+            except Exception as error:  # noqa: BLE001
+                out.append(skipped(ctx, name, shape, "decode", f"failed: {type(error).__name__}"))
+        ctx.upsert("fp8_tuning.jsonl", out)
+    for causal in (False, True):
+        shape = prefill_grid(ctx.args)[2 + causal]
+        for config in ctx.within_budget(PREFILL_TUNE, label=str):
+            name = (f"attnlab_forward_fp8[{config.block_m}x{config.block_n},"
+                    f"warps={config.num_warps},stages={config.num_stages}]")
+            _, fn, inputs = prefill_calls(shape, config)[1]
+            try:
+                with torch.no_grad():
+                    timing = timed(fn, inputs)
+                out.append(record(ctx, name, shape, "prefill", timing))
+                log(f"  tune {shape.describe()} {name}: {timing.p50:.3f} ms")
+            except Exception as error:  # noqa: BLE001
+                out.append(skipped(ctx, name, shape, "prefill", f"failed: {type(error).__name__}"))
+        ctx.upsert("fp8_tuning.jsonl", out)
+
+
+@bench.setup
+def setup(ctx) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ctx.results["sms"] = sm_count(torch.device("cuda"))
+    ctx.results["fp8_decode_config"] = decode_config(128, fp8_cache=True)
+
+
+# ----- the table -------------------------------------------------------------------------------
+TARGETS = {("decode", 16): 1.8, ("decode", 1): 1.6, ("prefill", None): 1.4}
+
+
+@bench.finish
+def print_table(ctx) -> None:
+    rows = []
+    for phase, base, fast in (("decode", "attnlab_decode_bf16", "attnlab_decode_fp8"),
+                              ("prefill", "attnlab_forward_bf16", "attnlab_forward_fp8")):
+        by_shape: dict[str, dict] = {}
+        for r in ctx.results.get(phase) or []:
+            by_shape.setdefault(AttentionShape.from_dict(r["shape"]).describe(), {})[
+                r["provider"]] = r
+        log(f"\n{phase}: median (us for decode, ms for prefill); fp8 speedup over bf16; target")
+        for label, got in by_shape.items():
+            ours, theirs = got.get(fast), got.get(base)
+            ok = all(x is not None and x["metric"] != "skipped" for x in (ours, theirs))
+            speedup = theirs["p50"] / ours["p50"] if ok else None
+            batch = (ours or theirs or {}).get("shape", {}).get("batch")
+            target = TARGETS.get((phase, batch if phase == "decode" else None))
+            unit = 1e3 if phase == "decode" else 1.0
+            names = (base, fast, "sdpa_cudnn") if phase == "decode" else (base, fast)
+            cells = [f"{n} " + ("-" if got.get(n) is None or got[n]["metric"] == "skipped"
+                                else f"{got[n]['p50'] * unit:.2f}") for n in names]
+            verdict = "-" if speedup is None or target is None else \
+                f"{'meets' if speedup >= target else 'MISSES'} {target}x"
+            log(f"  {label} | {' | '.join(cells)} | "
+                f"{'-' if speedup is None else f'{speedup:.2f}x'} | {verdict}")
+            rows.append({"phase": phase, "shape": label, "speedup": speedup, "target": target,
+                         **ctx.env})
+    if rows:
+        ctx.write_rows("fp8_speedups.jsonl", rows)
+
+
+if __name__ == "__main__":
+    sys.exit(bench.main())
