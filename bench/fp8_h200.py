@@ -29,7 +29,6 @@ batch 1 from 32k; fp8 prefill >= 1.4x bf16 at d = 128 from 4k).
 from __future__ import annotations
 
 import sys
-import time
 import traceback
 
 import torch
@@ -93,7 +92,28 @@ def timed(fn, inputs, context=None):
                          target_ms=40.0, max_repeats=60)
 
 
-def record(ctx, name, shape, phase, timing, *, tbps=None, tflops=None, kernel_names=()):
+def skipped(ctx, name, shape, phase, reason):
+    log(f"  skip {name} {shape.describe()}: {reason}")
+    return records.skipped_record(provider=name, phase=phase, shape=shape, reason=reason,
+                                  env=ctx.env)
+
+
+def measure(ctx, name, shape, phase, fn, inputs, *, moved=None, flops=None, context=None,
+            kernel_names=()):
+    """One provider at one point: its record (TB/s over ``moved`` bytes, TFLOP/s over
+    ``flops``), or a skipped record saying why it failed; the run goes on either way."""
+    try:
+        with torch.no_grad():
+            timing = timed(fn, inputs, context)
+    except Exception as error:  # noqa: BLE001 -- record and go on
+        traceback.print_exc()
+        return skipped(ctx, name, shape, phase, f"failed: {type(error).__name__}: {error}")
+    seconds = timing.p50 * 1e-3
+    tbps = None if moved is None else moved / seconds / 1e12
+    tflops = None if flops is None else flops / seconds / 1e12
+    log(f"  {name:22s} {timing.p50 * 1e3:10.1f} us"
+        + ("" if tbps is None else f"  {tbps:.2f} TB/s of modelled bytes")
+        + ("" if tflops is None else f"  {tflops:.0f} TFLOP/s"))
     return records.make_record(kernel="call", provider=name, phase=phase, shape=shape,
                                metric="latency", unit="ms", p20=timing.p20, p50=timing.p50,
                                p80=timing.p80, repeats=timing.repeats, env=ctx.env, tbps=tbps,
@@ -101,35 +121,10 @@ def record(ctx, name, shape, phase, timing, *, tbps=None, tflops=None, kernel_na
                                timing_method=timing.method)
 
 
-def skipped(ctx, name, shape, phase, reason):
-    log(f"  skip {name} {shape.describe()}: {reason}")
-    return records.skipped_record(provider=name, phase=phase, shape=shape, reason=reason,
-                                  env=ctx.env)
-
-
 # ----- 1. correctness --------------------------------------------------------------------------
 @bench.phase("correct", cap_s=25.0)
 def correctness(ctx) -> None:
     """The fp8 cache's rule and the FP8 prefill's bound at real sizes."""
-    rows, failures = [], 0
-
-    def case(name, fn):
-        nonlocal failures
-        if ctx.spent():
-            ctx.unmeasured([name])
-            return
-        start = time.perf_counter()
-        try:
-            passed, detail = fn()
-        except Exception as error:  # record and go on
-            passed, detail = False, f"{type(error).__name__}: {error}"
-            traceback.print_exc()
-        failures += not passed
-        row = {"what": name, "passed": passed, "detail": detail,
-               "seconds": round(time.perf_counter() - start, 2), **ctx.env}
-        rows.append(row)
-        ctx.append_row("correctness.jsonl", row)
-        log(f"{'ok  ' if passed else 'FAIL'} {name}: {detail}")
 
     def decode_case(batch, seqlen, heads, kv_heads, dim, page_size=None):
         def run():
@@ -176,13 +171,15 @@ def correctness(ctx) -> None:
                                   f"(worst at {check.worst}) lse/bound {check.lse_ratio:.3f}")
         return run
 
-    case("fp8 cache 1 x 32768, 32 q / 8 kv, d 128", decode_case(1, 32768, 32, 8, 128))
-    case("fp8 cache 4 x 8192 paged 256, 32 q / 8 kv, d 128", decode_case(4, 8192, 32, 8, 128, 256))
-    case("fp8 cache 2 x 8192, 24 q / 4 kv, d 256", decode_case(2, 8192, 24, 4, 256))
-    case("fp8 prefill 4096, d 128", prefill_case(4096, False))
-    case("fp8 prefill 4096, d 128, causal", prefill_case(4096, True))
-    log(f"correctness: {len(rows) - failures}/{len(rows)} passed")
-    ctx.fail(failures)
+    cases = [("fp8 cache 1 x 32768, 32 q / 8 kv, d 128", decode_case(1, 32768, 32, 8, 128)),
+             ("fp8 cache 4 x 8192 paged 256, 32 q / 8 kv, d 128",
+              decode_case(4, 8192, 32, 8, 128, 256)),
+             ("fp8 cache 2 x 8192, 24 q / 4 kv, d 256", decode_case(2, 8192, 24, 4, 256)),
+             ("fp8 prefill 4096, d 128", prefill_case(4096, False)),
+             ("fp8 prefill 4096, d 128, causal", prefill_case(4096, True))]
+    rows = [ctx.check_case(name, fn)
+            for name, fn in ctx.within_budget(cases, label=lambda case: case[0])]
+    log(f"correctness: {sum(r['passed'] for r in rows)}/{len(rows)} passed")
 
 
 # ----- 2. decode -------------------------------------------------------------------------------
@@ -214,49 +211,41 @@ def decode_calls(shape: AttentionShape):
              cache_model.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="kv-head"))]
 
 
-@bench.phase("decode", cap_s=50.0, plan=decode_grid)
-def decode(ctx) -> list[dict]:
-    """attnlab's bf16 and fp8 cache decodes and cuDNN's bf16, under CUDA-graph replay."""
+def each_point(ctx, records_file: str, measure_point) -> list[dict]:
+    """``measure_point(shape)``'s records for every planned point while the phase has
+    time, each point's kept in ``records_file`` at once."""
     out = []
     for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
         log(f"== {shape.describe()}")
-        first = len(out)
+        point = measure_point(shape)
+        torch.cuda.empty_cache()
+        ctx.upsert(records_file, point)
+        out += point
+    return out
+
+
+@bench.phase("decode", cap_s=50.0, plan=decode_grid)
+def decode(ctx) -> list[dict]:
+    """attnlab's bf16 and fp8 cache decodes and cuDNN's bf16, under CUDA-graph replay."""
+    def point(shape):
         try:
             calls = decode_calls(shape)
         except Exception as error:  # noqa: BLE001 -- e.g. out of memory: record, go on
-            out += [skipped(ctx, name, shape, "decode", f"inputs: {type(error).__name__}: {error}")
+            return [skipped(ctx, name, shape, "decode", f"inputs: {type(error).__name__}: {error}")
                     for name in ("attnlab_decode_bf16", "attnlab_decode_fp8")]
-            calls = []
-        for name, fn, inputs, moved in calls:
-            try:
-                timing = timed(fn, inputs)
-                tbps = moved / (timing.p50 * 1e-3) / 1e12
-                out.append(record(ctx, name, shape, "decode", timing, tbps=tbps,
-                                  kernel_names=KERNELS))
-                log(f"  {name:22s} {timing.p50 * 1e3:8.1f} us  {tbps:.2f} TB/s of modelled bytes")
-            except Exception as error:  # noqa: BLE001 -- record and go on
-                traceback.print_exc()
-                out.append(skipped(ctx, name, shape, "decode", f"failed: {type(error).__name__}: "
-                                                               f"{error}"))
+        out = [measure(ctx, name, shape, "decode", fn, inputs, moved=moved, kernel_names=KERNELS)
+               for name, fn, inputs, moved in calls]
         del calls
         torch.cuda.empty_cache()
         try:
             prepared = prepare(PROVIDERS["sdpa_cudnn"], shape, "decode", "cuda")
-            inputs = make_inputs(shape, PROVIDERS["sdpa_cudnn"].input_layout, "cuda")
-            timing = timed(prepared.unpinned_call, inputs, context=prepared.pin)
-            tbps = cache_model.decode_kv_bytes(shape) / (timing.p50 * 1e-3) / 1e12
-            out.append(record(ctx, "sdpa_cudnn", shape, "decode", timing, tbps=tbps))
-            log(f"  {'sdpa_cudnn':22s} {timing.p50 * 1e3:8.1f} us  {tbps:.2f} TB/s")
-            del inputs, prepared
         except ProviderUnavailable as error:
-            out.append(skipped(ctx, "sdpa_cudnn", shape, "decode", str(error)))
-        except Exception as error:  # noqa: BLE001
-            traceback.print_exc()
-            out.append(skipped(ctx, "sdpa_cudnn", shape, "decode",
-                               f"failed: {type(error).__name__}: {error}"))
-        torch.cuda.empty_cache()
-        ctx.upsert("decode.jsonl", out[first:])  # this point's records, kept at once
-    return out
+            return [*out, skipped(ctx, "sdpa_cudnn", shape, "decode", str(error))]
+        inputs = make_inputs(shape, PROVIDERS["sdpa_cudnn"].input_layout, "cuda")
+        return [*out, measure(ctx, "sdpa_cudnn", shape, "decode", prepared.unpinned_call, inputs,
+                              moved=cache_model.decode_kv_bytes(shape), context=prepared.pin)]
+
+    return each_point(ctx, "decode.jsonl", point)
 
 
 # ----- 3. prefill ------------------------------------------------------------------------------
@@ -290,25 +279,12 @@ def prefill_calls(shape: AttentionShape, config: ForwardConfig | None = None):
 @bench.phase("prefill", cap_s=30.0, plan=prefill_grid)
 def prefill(ctx) -> list[dict]:
     """attnlab's bf16 forward against the FP8 forward, d = 128, 4k-16k."""
-    out = []
-    for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
-        log(f"== {shape.describe()}")
-        first = len(out)
+    def point(shape):
         flops = flop_model.conventional_attention_flops(shape)  # 4 B H N^2 d, halved causal
-        for name, fn, inputs in prefill_calls(shape):
-            try:
-                with torch.no_grad():
-                    timing = timed(fn, inputs)
-                tflops = flops / (timing.p50 * 1e-3) / 1e12
-                out.append(record(ctx, name, shape, "prefill", timing, tflops=tflops))
-                log(f"  {name:22s} {timing.p50:8.3f} ms  {tflops:.0f} TFLOP/s")
-            except Exception as error:  # noqa: BLE001 -- record and go on
-                traceback.print_exc()
-                out.append(skipped(ctx, name, shape, "prefill",
-                                   f"failed: {type(error).__name__}: {error}"))
-        torch.cuda.empty_cache()
-        ctx.upsert("prefill_forward.jsonl", out[first:])
-    return out
+        return [measure(ctx, name, shape, "prefill", fn, inputs, flops=flops)
+                for name, fn, inputs in prefill_calls(shape)]
+
+    return each_point(ctx, "prefill_forward.jsonl", point)
 
 
 # ----- 4. tuning -------------------------------------------------------------------------------
@@ -324,20 +300,15 @@ def tuning(ctx) -> None:
     out = []
     for batch in (1, 16):
         shape = decode_shape(batch, 32768, 32, 8, 128)
-        _, fn, (q, k8, v8, kd, vd), moved = decode_calls(shape)[1]
+        _, _, (q, k8, v8, kd, vd), moved = decode_calls(shape)[1]
         for config in ctx.within_budget(DECODE_TUNE, label=str):
             name = (f"attnlab_decode_fp8[block_n={config.block_n},warps={config.num_warps},"
                     f"stages={config.num_stages}]")
-            try:
-                def run(q, k, v, kd, vd, config=config):
-                    return flash_decode(q, k, v, scale=shape.softmax_scale, causal=True,
-                                        config=config, k_descale=kd, v_descale=vd)
-                timing = timed(run, (q, k8, v8, kd, vd))
-                out.append(record(ctx, name, shape, "decode", timing,
-                                  tbps=moved / (timing.p50 * 1e-3) / 1e12, kernel_names=KERNELS))
-                log(f"  tune {shape.describe()} {name}: {timing.p50 * 1e3:.1f} us")
-            except Exception as error:  # noqa: BLE001
-                out.append(skipped(ctx, name, shape, "decode", f"failed: {type(error).__name__}"))
+            def run(q, k, v, kd, vd, config=config):
+                return flash_decode(q, k, v, scale=shape.softmax_scale, causal=True,
+                                    config=config, k_descale=kd, v_descale=vd)
+            out.append(measure(ctx, name, shape, "decode", run, (q, k8, v8, kd, vd), moved=moved,
+                               kernel_names=KERNELS))
         ctx.upsert("fp8_tuning.jsonl", out)
     for causal in (False, True):
         shape = prefill_grid(ctx.args)[2 + causal]
@@ -345,13 +316,8 @@ def tuning(ctx) -> None:
             name = (f"attnlab_forward_fp8[{config.block_m}x{config.block_n},"
                     f"warps={config.num_warps},stages={config.num_stages}]")
             _, fn, inputs = prefill_calls(shape, config)[1]
-            try:
-                with torch.no_grad():
-                    timing = timed(fn, inputs)
-                out.append(record(ctx, name, shape, "prefill", timing))
-                log(f"  tune {shape.describe()} {name}: {timing.p50:.3f} ms")
-            except Exception as error:  # noqa: BLE001
-                out.append(skipped(ctx, name, shape, "prefill", f"failed: {type(error).__name__}"))
+            out.append(measure(ctx, name, shape, "prefill", fn, inputs,
+                               flops=flop_model.conventional_attention_flops(shape)))
         ctx.upsert("fp8_tuning.jsonl", out)
 
 

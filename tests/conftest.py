@@ -29,3 +29,24 @@ def json_from_fresh_python():
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
     return run
+
+
+@pytest.fixture
+def captured_replay():
+    """``run(step)``: ``step()`` once on a side stream (the warm-up: compiles), once
+    captured into a CUDA graph, the graph replayed once; returns the captured output."""
+    import torch
+
+    def run(step):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        graph.replay()
+        torch.cuda.synchronize()
+        return out
+    return run

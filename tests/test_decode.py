@@ -546,7 +546,7 @@ def test_gpu_paged_equals_contiguous_and_splits_agree(page_size):
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_cuda_graph_capture_appends_and_attends():
+def test_gpu_cuda_graph_capture_appends_and_attends(captured_replay):
     batch, heads, kv_heads, dim, capacity = 4, 32, 8, 128, 4096
     q = randn(batch, 1, heads, dim, dtype=torch.bfloat16, seed=7)
     k_new, v_new = randn(batch, 1, kv_heads, dim, dtype=torch.bfloat16, seed=8), \
@@ -562,16 +562,7 @@ def test_gpu_cuda_graph_capture_appends_and_attends():
         return attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
                                                cache_seqlens=lengths, causal=True, max_seqlen_k=capacity)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up (compiles); writes the same rows the graph will
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-    graph.replay()
-    torch.cuda.synchronize()
+    captured = captured_replay(step)  # the warm-up writes the same rows the graph will
     assert torch.equal(captured, eager)
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
 

@@ -439,6 +439,7 @@ def test_sm90a_code_runs_both_fp8_products_on_wgmma_with_v_pipelined(json_from_f
 
 
 # ----- GPU: real sizes, CUDA graphs, NaN --------------------------------------------------------------
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(("batch", "seqlen_k", "heads", "kv_heads", "dim", "paged"), [
@@ -468,7 +469,7 @@ def test_gpu_fp8_cache_real_sizes(batch, seqlen_k, heads, kv_heads, dim, paged):
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_fp8_cache_append_under_cuda_graph_capture():
+def test_gpu_fp8_cache_append_under_cuda_graph_capture(captured_replay):
     batch, heads, kv_heads, dim, capacity = 4, 32, 8, 128, 4096
     k_descale, v_descale = descales(batch, kv_heads, False, 36), descales(batch, kv_heads, False, 37)
     k_cache = fp8_cache(batch, capacity, kv_heads, dim, k_descale, seed=38)
@@ -480,17 +481,10 @@ def test_gpu_fp8_cache_append_under_cuda_graph_capture():
                    k_descale=k_descale, v_descale=v_descale)
     eager_k, eager_v = k_cache.clone(), v_cache.clone()
     eager = attnlab.flash_attn_with_kvcache(q, eager_k, eager_v, k_new, v_new, **options)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        attnlab.flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k_new, v_new,
-                                        **options)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **options)
-    graph.replay()
-    torch.cuda.synchronize()
+    # Warm-up (compiles) on copies, then one capture and one replay on the caches.
+    warm = [(k_cache.clone(), v_cache.clone()), (k_cache, v_cache)]
+    captured = captured_replay(
+        lambda: attnlab.flash_attn_with_kvcache(q, *warm.pop(0), k_new, v_new, **options))
     assert torch.equal(captured, eager)
     assert torch.equal(k_cache.view(torch.uint8), eager_k.view(torch.uint8))
     assert torch.equal(v_cache.view(torch.uint8), eager_v.view(torch.uint8))

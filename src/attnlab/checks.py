@@ -304,18 +304,26 @@ def check_index_tensor(name: str, tensor: Any, *, device: Any) -> Any:
     index tensor with unit stride, so a view (a slice with a step, an expanded or
     transposed one) comes back as a contiguous copy -- one tiny copy, never a misread.
     """
+    return _check_value_tensor(name, tensor, "torch.int32", device).contiguous()
+
+
+def _check_value_tensor(name: str, tensor: Any, dtype: str, device: Any,
+                        shapes: str = "") -> Any:
+    """A dense tensor of ``dtype`` (torch's name) on ``device`` whose values a kernel
+    reads: TypeError naming it for another kind or dtype, ValueError for another device
+    or the meta device.  ``shapes`` joins the first message (what shapes are allowed)."""
     if not _is_tensor_like(tensor) or not hasattr(tensor, "contiguous"):
-        raise ArgumentTypeError(f"{name} must be a torch.int32 tensor, got "
+        raise ArgumentTypeError(f"{name} must be a {dtype} tensor{shapes}, got "
                                 f"{type(tensor).__name__}")
     check_strided(name, tensor)
-    if str(tensor.dtype) != "torch.int32":
-        raise ArgumentTypeError(f"{name} must have dtype torch.int32, got {tensor.dtype}")
+    if str(tensor.dtype) != dtype:
+        raise ArgumentTypeError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
     if tensor.device != device:
         raise ValueError(f"{name} must be on q's device {device}, got {tensor.device}")
     if tensor.device.type == "meta":
         raise ValueError(f"{name} is on the meta device: attnlab reads its values, and a meta "
                          "tensor has none")
-    return tensor.contiguous()
+    return tensor
 
 
 # ----- fp8 (e4m3) tensors and their descale factors ---------------------------------------
@@ -350,17 +358,7 @@ def check_descale(name: str, value: Any, *, batch: int, kv_heads: int, device: A
     CUDA graph can capture the call.  Its values are not read here: a zero, negative or
     non-finite descale gives what the arithmetic gives (as in FA3)."""
     allowed = f"(), (1,) or (batch, kv_heads) = ({batch}, {kv_heads})"
-    if not _is_tensor_like(value) or not hasattr(value, "expand"):
-        raise ArgumentTypeError(f"{name} must be a torch.float32 tensor of shape {allowed}, "
-                                f"got {type(value).__name__}")
-    check_strided(name, value)
-    if str(value.dtype) != "torch.float32":
-        raise ArgumentTypeError(f"{name} must have dtype torch.float32, got {value.dtype}")
-    if value.device != device:
-        raise ValueError(f"{name} must be on q's device {device}, got {value.device}")
-    if value.device.type == "meta":
-        raise ValueError(f"{name} is on the meta device: the kernel reads its values, and a "
-                         "meta tensor has none")
+    _check_value_tensor(name, value, "torch.float32", device, f" of shape {allowed}")
     shape = tuple(value.shape)
     if shape in ((), (1,)):
         return value.reshape(1, 1).expand(batch, kv_heads)

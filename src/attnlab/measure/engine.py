@@ -140,6 +140,23 @@ class Context:
         """Count failures (a wrong result, a crashed case): the run exits 1."""
         self.failures += int(count)
 
+    def check_case(self, name: str, fn: Callable, rows_file: str = "correctness.jsonl") -> dict:
+        """One correctness case, ``fn() -> (passed, detail)``: timed; an exception is a
+        failed case with its message (traceback printed) and the run goes on; the row is
+        appended to ``out/rows_file`` at once and a failure counted."""
+        start = time.monotonic()
+        try:
+            passed, detail = fn()
+        except Exception as error:  # noqa: BLE001 -- a crashed case is a recorded failure
+            passed, detail = False, f"{type(error).__name__}: {error}"
+            traceback.print_exc()
+        row = {"what": name, "passed": bool(passed), "detail": detail,
+               "seconds": round(time.monotonic() - start, 2), **self.env}
+        self.append_row(rows_file, row)
+        self.fail(not passed)
+        say(f"{'ok  ' if passed else 'FAIL'} {name}: {detail}")
+        return row
+
     # ----- writing -------------------------------------------------------------------------
     def path(self, name: str) -> Path:
         """``out/name``, the folder (and any subfolder in ``name``) created on first use."""
