@@ -375,3 +375,24 @@ def test_ring_single_gpu_mode_runs_end_to_end_on_the_cpu(tmp_path):
     assert {"ring-local-step", "ring-remote-later", "ring-remote-earlier",
             "ring-merge"} <= kernels
     assert "model prefill P= 2" in done.stdout
+
+
+def test_check_case_records_each_case_at_once_and_counts_failures(tmp_path, capsys):
+    import argparse
+    import json
+
+    from attnlab.measure.engine import Context
+
+    ctx = Context(args=argparse.Namespace(), out_dir=tmp_path, command="test", device="cpu")
+
+    def crash():
+        raise RuntimeError("boom")
+
+    rows = [ctx.check_case("fine", lambda: (True, "err 0")),
+            ctx.check_case("wrong", lambda: (False, "err 9")),
+            ctx.check_case("crash", crash)]
+    assert [r["passed"] for r in rows] == [True, False, False] and ctx.failures == 2
+    assert rows[2]["detail"] == "RuntimeError: boom"
+    written = [json.loads(line) for line in (tmp_path / "correctness.jsonl").read_text().splitlines()]
+    assert [r["what"] for r in written] == ["fine", "wrong", "crash"]
+    assert "FAIL crash: RuntimeError: boom" in capsys.readouterr().err  # engine.say: stderr

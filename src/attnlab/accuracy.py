@@ -112,7 +112,8 @@ BF16_HALF_STEP = 2.0**-8
 @dataclass(frozen=True)
 class Fp8Check:
     """The FP8 prefill against its bound: the largest error, the largest error / bound
-    (<= 1 passes), where that is, and the LSE's worst excess over its bound."""
+    (<= 1 passes), where that is (batch, head, query, column), and the largest LSE
+    error / its bound."""
 
     error: float
     bound_ratio: float
@@ -164,7 +165,9 @@ def check_fp8_accuracy(out, lse, q, k, v, q_descale, k_descale, v_descale, *, ca
             at = int(ratio.argmax())
             if ratio.flatten()[at] > worst_ratio or not worst_at:
                 worst_ratio = float(ratio.flatten()[at])
-                worst_at = (b, h, *divmod(at, dim))
+                head, row, column = (int(i) for i in torch.unravel_index(torch.tensor(at),
+                                                                        ratio.shape))
+                worst_at = (b, h * group + head, row, column)  # (batch, head, query, column)
             worst_error = max(worst_error, float(error.max()))
             if lse is not None:
                 ref_lse = torch.logsumexp(scores, dim=-1)
