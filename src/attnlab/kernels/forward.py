@@ -31,6 +31,7 @@ from torch.library import wrap_triton
 
 import attnlab.kernels.dispatch as dispatch
 from attnlab.inputs import TORCH_DTYPE_NAMES, AttentionInputs, layout_named
+from attnlab.kernels._aot import compile_triton
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -368,3 +369,20 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
                 IS_VARLEN=lay.is_varlen, OFFSETS_64=offsets_64,
                 num_warps=config.num_warps, num_stages=config.num_stages)
     return _ForwardPlan(out_shape, lse_shape, PlannedLaunch(launcher, grid, static, meta))
+
+
+# ---------------------------------------------------------------------------
+# Ahead of time, without a GPU: can ptxas build these tiles?
+# ---------------------------------------------------------------------------
+
+def compile_for_sm90(head_dim: int, config: ForwardConfig, *, dtype: str = "bf16",
+                     causal: bool = False, window: bool = False, softcap: bool = False,
+                     varlen: bool = False, offsets_64: bool = False):
+    """The forward kernel as a call with these options compiles it for sm_90a, here,
+    without a GPU (``kernels/_aot``; ``window`` a two-sided sliding window); raises
+    Triton's PTXASError where ptxas cannot build it."""
+    return compile_triton(_attn_fwd, dtype, dict(
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_padded(head_dim), BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, HAS_LEFT=window, HAS_RIGHT=causal or window,
+        HAS_SOFTCAP=softcap, REVERSE_M=causal or window, UPCAST_DOT=False, IS_VARLEN=varlen,
+        OFFSETS_64=offsets_64), num_warps=config.num_warps, num_stages=config.num_stages)
