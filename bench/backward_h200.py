@@ -462,9 +462,8 @@ def bench_plan(args) -> list[tuple[AttentionShape, list[str]]]:
     for name in names:
         if name != "attnlab_deterministic":
             provider(name)  # an unknown name is refused now, not after the compiles
-    parts = [p for p in args.shapes.split(",") if p]
     return [(shape, names) for shape in bench_shapes(args.quick)
-            if not parts or any(part in shape.describe() for part in parts)]
+            if shape_selected(shape, args.shapes)]
 
 
 def phase_bench(ctx) -> list:
@@ -539,9 +538,16 @@ PROFILE_SHAPES = [(128, 1024, True), (128, 1024, False), (128, 4096, True), (64,
 
 
 def profile_plan(args) -> list[AttentionShape]:
-    return [AttentionShape(batch=16384 // seqlen, query_heads=16, kv_heads=16, seqlen_q=seqlen,
-                           seqlen_k=seqlen, head_dim=head_dim, dtype="bf16", causal=causal)
-            for head_dim, seqlen, causal in PROFILE_SHAPES]
+    shapes = [AttentionShape(batch=16384 // seqlen, query_heads=16, kv_heads=16, seqlen_q=seqlen,
+                             seqlen_k=seqlen, head_dim=head_dim, dtype="bf16", causal=causal)
+              for head_dim, seqlen, causal in PROFILE_SHAPES]
+    return [s for s in shapes if shape_selected(s, args.shapes)]
+
+
+def shape_selected(shape: AttentionShape, parts: str) -> bool:
+    """Whether ``--shapes`` (comma-separated parts of the description, '' = all) keeps it."""
+    wanted = [p for p in parts.split(",") if p]
+    return not wanted or any(part in shape.describe() for part in wanted)
 
 
 def phase_profile(ctx) -> None:
@@ -552,13 +558,19 @@ def phase_profile(ctx) -> None:
         inputs = prepared.inputs()
         call = prepared.call
         host_ms, events, graph, kernels = call_profile(call, inputs)
+        # The step is GPU-bound when the host issues it in at most half the GPU's time
+        # (issue #29's goal at N = 1k); the graph replay is the GPU's time alone.
+        ratio = host_ms / graph if isinstance(graph, float) and graph > 0 else None
         row = {"what": "fwdbwd_profile", "shape": shape.as_dict(), "host_ms": host_ms,
-               "event_ms": events, "graph_ms": graph, "kernels_ms": kernels, **ctx.env}
+               "event_ms": events, "graph_ms": graph, "host_over_gpu": ratio,
+               "gpu_bound": None if ratio is None else ratio <= 0.5, "kernels_ms": kernels,
+               **ctx.env}
         ctx.append_row("backward_profile.jsonl", row)
         if (shape.head_dim, shape.seqlen_q, shape.causal) == (128, 1024, True):
             ctx.path("backward_host_profile.txt").write_text(host_profile(call, inputs))
         print(f"profile {shape.describe()}: host {host_ms:.3f} ms/call, events {events:.3f}, "
-              f"graph {graph if isinstance(graph, str) else f'{graph:.3f}'}; kernels "
+              f"graph {graph if isinstance(graph, str) else f'{graph:.3f}'}, host/GPU "
+              f"{'-' if ratio is None else f'{ratio:.2f} (goal <= 0.5)'}; kernels "
               + ", ".join(f"{n}={t:.3f}" for n, t in sorted(kernels.items(), key=lambda x: -x[1])),
               flush=True)
 
@@ -772,8 +784,9 @@ bench.option("--sm90-skip-accuracy", action="store_true",
              help="time only (the candidates' accuracy was recorded before)")
 bench.option("--providers", default=",".join(BENCH_PROVIDERS),
              help="bench providers, comma-separated (default: all five)")
-bench.option("--shapes", default="", help="bench only shapes whose description contains one "
-                                          "of these comma-separated parts, e.g. 'Nq=1024,d=64'")
+bench.option("--shapes", default="", help="bench and profile only shapes whose description "
+                                          "contains one of these comma-separated parts, e.g. "
+                                          "'Nq=1024,d=64'")
 bench.option("--profile", action="store_true", help="list each call's kernels")
 # The order they run in: the ones only run when asked first, the tuning before the table.
 bench.phase("edge", default=False)(phase_edge)
