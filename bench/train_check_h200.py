@@ -21,7 +21,8 @@ attnlab passes when its loss at every step stays within SDPA's seed-to-seed spre
 largest |loss_sdpa0 - loss_sdpa1| after the first step) and its first-step loss, same
 init as SDPA's seed 0, differs from it by less than a percent.  The step time (median of
 synchronised steps after two warm-up ones) is recorded beside SDPA's.  ``--quick``: 2
-layers, 2 x 2048 tokens, 12 steps, about a minute with the d = 256 kernels' compiles;
+layers (hidden 1024), 2 x 2048 tokens, 10 steps, about a minute with the d = 256
+kernels' compiles;
 otherwise 4 layers, 4 x 4096 tokens, 30 steps.  Writes ``train_check_qwen3.jsonl`` (one
 line per run and step, a record per provider's step time, then a summary line).
 A configuration of attnlab.measure.engine (phases ``train``, ``qwen3``).
@@ -200,7 +201,7 @@ def train_check(ctx) -> None:
 
 
 QWEN3_SHAPES = {  # (layers, hidden, intermediate, batch, seqlen, steps)
-    "quick": (2, 1536, 4096, 2, 2048, 12),
+    "quick": (2, 1024, 3072, 2, 2048, 10),
     "full": (4, 2048, 6144, 4, 4096, 30),
 }
 
@@ -276,11 +277,12 @@ def qwen3_check(ctx) -> None:
                                                        "step": step, "loss": loss,
                                                        "seconds": took, **sizes})
         provider = "attnlab" if implementation == "attnlab" else f"sdpa_seed{seed}"
+        fifths = statistics.quantiles(times[name][2:], n=5, method="inclusive")
         ctx.upsert("train_check_qwen3_records.jsonl", [make_record(
             kernel=f"qwen3 train step ({layers} layers, hidden {hidden})", provider=provider,
             phase="fwdbwd", shape=shape.as_dict(), metric="step_time", unit="ms",
-            p20=1e3 * statistics.quantiles(times[name][2:], n=5)[0] if steps > 4 else None,
-            p50=1e3 * step_s, p80=None, repeats=len(times[name]) - 2, env=ctx.env)])
+            p20=1e3 * fifths[0], p50=1e3 * step_s, p80=1e3 * fifths[3],
+            repeats=len(times[name]) - 2, env=ctx.env)])
         print(f"{name}: loss {runs[name][0]:.4f} -> {runs[name][-1]:.4f}, step "
               f"{1e3 * step_s:.1f} ms ({time.time() - started:.1f} s with compiles)", flush=True)
     summary = {"what": "qwen3_train_check_summary", **sizes, **ctx.env}
@@ -304,7 +306,7 @@ def qwen3_check(ctx) -> None:
     ctx.fail(not summary.get("passed"))
 
 
-bench.option("--quick", action="store_true", help="qwen3: 2 layers, 2 x 2048 tokens, 12 steps")
+bench.option("--quick", action="store_true", help="qwen3: 2 layers, 2 x 2048 tokens, 10 steps")
 
 if __name__ == "__main__":
     sys.exit(bench.main())
