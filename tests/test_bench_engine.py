@@ -30,8 +30,8 @@ BENCH = ROOT / "bench"
 # Every bench script that is a configuration of the engine.  The two table writers
 # (forward_table.py, sm90_dispatch_table.py) read committed records and run no phases.
 SCRIPTS = ("backward_h200", "decode_h200", "forward_h200", "h200_measure", "host_cost_h200",
-           "racecheck_probe", "ring_h200", "sanitize_h200", "sdpa_route_check", "sm90_h200",
-           "train_check_h200", "varlen_h200")
+           "racecheck_probe", "ring_h200", "sanitize_h200", "sdpa_route_check", "seed_h200",
+           "sm90_h200", "train_check_h200", "varlen_h200")
 
 
 class Clock:
@@ -300,6 +300,8 @@ PLAN_VARIANTS = [
     ("sanitize_h200", ["--racecheck"]),
     ("sanitize_h200", ["--only", "backward_sm90"]),
     ("varlen_h200", ["--quick", "--no-flex", "--mixes", "b"]),
+    ("seed_h200", ["--quick", "--flex"]),
+    ("seed_h200", ["--providers", "fa4,flashinfer_paged16", "--phases", "decode_b16"]),
 ]
 
 
@@ -318,6 +320,7 @@ def test_plan_variants_build(name, argv):
     ("varlen_h200", ["--providers", "attnlab_varlen,xformers"], "unknown provider 'xformers'"),
     ("varlen_h200", ["--mixes", "a,d"], "--mixes must be comma-separated from a, b, c"),
     ("ring_h200", ["--phases", "prefill,train"], "unknown phase 'train'"),
+    ("seed_h200", ["--providers", "fa4,fa9"], "unknown provider 'fa9'"),
 ])
 def test_a_script_refuses_a_bad_option_in_one_line(name, argv, message, capsys, tmp_path):
     bench = load_script(name).bench
