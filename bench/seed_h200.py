@@ -248,9 +248,10 @@ def measure(ctx, point: Point) -> list[dict]:
 def describe(record: dict) -> str:
     if record["metric"] == rec.SKIPPED:
         return f"skip ({record['reason'][:110]})"
-    rate = (f"{record['tflops']:.0f} TFLOP/s" if record["phase"] != "decode"
-            else f"{record['tbps']:.2f} TB/s")
-    return f"{record['p50'] * 1e3:9.1f} us  {rate}  [{record['timing_method'].split(',')[0]}]"
+    field, unit, digits = ("tbps", "TB/s", 2) if record["phase"] == "decode" else ("tflops", "TFLOP/s", 0)
+    rate = "-" if record[field] is None else f"{record[field]:.{digits}f} {unit}"
+    method = (record.get("timing_method") or "").split(",")[0]
+    return f"{record['p50'] * 1e3:9.1f} us  {rate}  [{method}]"
 
 
 def measure_points(ctx, points: list[Point]) -> set[Point]:
