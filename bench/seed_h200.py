@@ -140,8 +140,26 @@ class RunState:
     first_calls: dict = field(default_factory=dict)   # (table, provider) -> row
     started: float = field(default_factory=time.monotonic)
 
-    def ready(self, name: str) -> bool:
-        return name not in PREBUILT or self.prebuild is None or self.prebuild.done()
+    def module(self, point: Point) -> str | None:
+        """The FlashInfer module this point's call needs, when it is built here."""
+        if point.provider not in PREBUILT or self.prebuild is None:
+            return None
+        from attnlab.measure.peer_jit import module_for
+
+        return module_for(point.provider, point.phase, point.shape.batch)
+
+    def ready(self, point: Point) -> bool:
+        """False while the FlashInfer module this point's call needs is being built."""
+        module = self.module(point)
+        return module is None or self.prebuild.done(module)
+
+    def build_error(self, point: Point) -> str | None:
+        """Why this point's module failed to build (its call would only compile again)."""
+        module = self.module(point)
+        build = None if module is None else self.prebuild.builds.get(module)
+        if build is None or build.error is None:
+            return None
+        return f"failed: FlashInfer's JIT build of its {module} module failed: {build.error}"
 
 
 @bench.setup
@@ -225,7 +243,7 @@ def uncaptured_record(result, timing: dict, env: dict) -> dict:
 def measure(ctx, point: Point) -> list[dict]:
     env, timing = ctx.env, PHASE_TIMING[point.phase]
     p = PROVIDERS[point.provider]
-    failure = first_call(ctx, point)
+    failure = ctx.results["state"].build_error(point) or first_call(ctx, point)
     if failure:
         point_env = {**env, "command": point_command(p, point.phase, point.shape, timing,
                                                      FLOP_COUNT)}
@@ -248,7 +266,8 @@ def measure(ctx, point: Point) -> list[dict]:
 def describe(record: dict) -> str:
     if record["metric"] == rec.SKIPPED:
         return f"skip ({record['reason'][:110]})"
-    field, unit, digits = ("tbps", "TB/s", 2) if record["phase"] == "decode" else ("tflops", "TFLOP/s", 0)
+    field, unit, digits = (("tbps", "TB/s", 2) if record["phase"] == "decode"
+                           else ("tflops", "TFLOP/s", 0))
     rate = "-" if record[field] is None else f"{record[field]:.{digits}f} {unit}"
     method = (record.get("timing_method") or "").split(",")[0]
     return f"{record['p50'] * 1e3:9.1f} us  {rate}  [{method}]"
@@ -297,7 +316,7 @@ def run_table(ctx) -> None:
     """The phase's points; FlashInfer's, while its modules are still building, go to the
     ``deferred`` phase (or wait at the end of this one when that phase is not run)."""
     state: RunState = ctx.results["state"]
-    ready = [point for point in ctx.plan if state.ready(point.provider)]
+    ready = [point for point in ctx.plan if state.ready(point)]
     later = [point for point in ctx.plan if point not in ready]
     done = measure_points(ctx, ready)
     record_unmeasured(ctx, [point for point in ready if point not in done], BUDGET_SPENT)
@@ -308,17 +327,19 @@ def run_table(ctx) -> None:
 
 
 def finish_deferred(ctx, points: list[Point]) -> None:
-    """Wait (within the phase's time) for the builds, then measure the points."""
+    """Wait (within the phase's time) for the builds, then measure the points whose module
+    is built; the others are recorded as still building."""
     if not points:
         return
-    prebuild = ctx.results["state"].prebuild
-    if not prebuild.done():
-        waited = prebuild.wait(ctx.deadline - time.monotonic())
+    state: RunState = ctx.results["state"]
+    if not all(state.ready(point) for point in points):
+        waited = state.prebuild.wait(ctx.deadline - time.monotonic())
         log(f"  waited {waited:.0f} s for FlashInfer's builds "
-            f"({'done' if prebuild.done() else 'still running'})")
-    done = measure_points(ctx, points) if prebuild.done() else set()
-    left = [point for point in points if point not in done]
-    record_unmeasured(ctx, left, BUDGET_SPENT if prebuild.done() else BUILDING)
+            f"({'done' if state.prebuild.done() else 'still running'})")
+    ready = [point for point in points if state.ready(point)]
+    done = measure_points(ctx, ready)
+    record_unmeasured(ctx, [point for point in ready if point not in done], BUDGET_SPENT)
+    record_unmeasured(ctx, [point for point in points if point not in ready], BUILDING)
 
 
 # ----- the tables -------------------------------------------------------------------------------

@@ -118,11 +118,12 @@ def test_dtype_head_dim_window_and_gpu_reasons(monkeypatch):
 def test_flashinfer_says_when_its_compiler_is_missing(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     monkeypatch.delenv("FLASHINFER_NVCC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(prov.shutil, "which", lambda name: None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert prov._flashinfer_toolchain_reason() == (
         f"FlashInfer JIT-compiles its kernels and needs nvcc ({tmp_path}/bin/nvcc) and ninja on "
-        f"PATH (or the flashinfer-jit-cache wheel)")
+        f"PATH and a host compiler (c++) (or the flashinfer-jit-cache wheel)")
 
 
 # ----- the argument mapping, on stand-ins that compute attention and record their calls -----------
@@ -364,6 +365,14 @@ def test_configure_flashinfer_sets_its_cache_and_arch_before_the_import(monkeypa
         peer_jit.configure_flashinfer(tmp_path, (9, 0))
 
 
+def test_each_flashinfer_call_names_the_module_it_builds():
+    assert peer_jit.module_for("flashinfer", "prefill", 1) == peer_jit.SINGLE_PREFILL
+    assert peer_jit.module_for("flashinfer", "decode", 1) == peer_jit.SINGLE_DECODE
+    assert peer_jit.module_for("flashinfer", "decode", 16) == peer_jit.BATCH
+    assert peer_jit.module_for("flashinfer", "prefill", 2) == peer_jit.BATCH
+    assert peer_jit.module_for("flashinfer_paged16", "decode", 1) == peer_jit.BATCH
+
+
 def test_the_prefill_backend_is_flashinfers_auto_choice():
     assert peer_jit.prefill_backend((9, 0), 256) == "fa3"
     assert peer_jit.prefill_backend((9, 0), 96) == "fa2"
@@ -383,10 +392,11 @@ def test_the_prebuild_runs_every_build_and_reports_failures():
                 raise RuntimeError("nvcc\n failed")
             built.append(self.name)
 
-    prebuild = peer_jit.FlashInferPrebuild([(n, lambda n=n: Spec(n)) for n in ("a", "bad", "c")])
+    prebuild = peer_jit.FlashInferPrebuild({n: lambda n=n: Spec(n) for n in ("a", "bad", "c")})
     prebuild.start()
     prebuild.wait(30)
-    assert prebuild.done() and sorted(built) == ["a", "c"]
+    assert prebuild.done() and prebuild.done("a") and sorted(built) == ["a", "c"]
+    assert prebuild.done("not built here")
     rows = {row["module"]: row for row in prebuild.rows()}
     assert rows["bad"]["error"] == "RuntimeError: nvcc failed"
     assert rows["a"]["error"] is None and rows["a"]["seconds"] >= 0

@@ -23,9 +23,9 @@ def seed(bench_script):
 
 class Prebuild:
     def __init__(self, finishes: bool) -> None:
-        self.finishes, self.finished, self.waits = finishes, False, 0
+        self.finishes, self.finished, self.waits, self.builds = finishes, False, 0, {}
 
-    def done(self) -> bool:
+    def done(self, name=None) -> bool:
         return self.finished
 
     def wait(self, timeout_s: float) -> float:
@@ -142,3 +142,20 @@ def test_the_uncaptured_time_is_a_record_beside_the_graph_timed_one(seed):
     assert record["tflops"] == pytest.approx(50.0) and record["kernel_names"] == ["k"]
     assert record["timing_method"].startswith("cuda-event") and "--no-cuda-graph" in record["command"]
     assert rec.record_key(record) != rec.record_key(main)
+
+
+def test_a_failed_build_stands_for_its_points_without_a_second_compile(seed, tmp_path,
+                                                                      monkeypatch):
+    from attnlab.measure.peer_jit import BATCH, Build
+
+    first_calls = []
+    monkeypatch.setattr(seed, "first_call", lambda ctx, point: first_calls.append(point))
+    ctx = context(seed, tmp_path, ["decode_b16"], ["--quick", "--providers", "flashinfer_paged16"])
+    prebuild = Prebuild(finishes=True)
+    prebuild.finished, prebuild.builds = True, {BATCH: Build(BATCH, 10.0, "CalledProcessError: nvcc")}
+    ctx.results["state"] = seed.RunState(prebuild=prebuild)
+    point = seed.bench.plans(ctx.args)["decode_b16"][0]
+    [record] = seed.measure(ctx, point)
+    assert record["reason"] == ("failed: FlashInfer's JIT build of its batch prefill module "
+                                "failed: CalledProcessError: nvcc")
+    assert first_calls == []

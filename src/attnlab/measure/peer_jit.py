@@ -63,24 +63,34 @@ def prefill_backend(capability: tuple[int, int], head_dim: int) -> str:
     return "fa3" if capability[0] == 9 and head_dim in FA3_HEAD_DIMS else "fa2"
 
 
-def module_specs(dtype, head_dim: int, capability: tuple[int, int]) -> list[tuple[str, Callable]]:
-    """(name, () -> JitSpec) of the modules the flashinfer providers use at this dtype and
-    head dim, in the order the benchmark needs them."""
+SINGLE_PREFILL, SINGLE_DECODE, BATCH = "single prefill", "single decode", "batch prefill"
+
+
+def module_for(provider: str, phase: str, batch: int) -> str:
+    """Which module a flashinfer provider's call builds (``measure.providers``): the single
+    prefill, the tensor-core single decode (batch 1), or the FA2 batch prefill behind the
+    ragged (batch > 1) and paged wrappers."""
+    if provider == "flashinfer_paged16" or batch > 1:
+        return BATCH
+    return SINGLE_PREFILL if phase == "prefill" else SINGLE_DECODE
+
+
+def module_specs(dtype, head_dim: int, capability: tuple[int, int]) -> dict[str, Callable]:
+    """() -> JitSpec of each module the flashinfer providers use at this dtype and head
+    dim, by :func:`module_for`'s names."""
     import torch
     from flashinfer.jit.attention import modules
 
     args = (dtype, dtype, dtype, head_dim, head_dim, 0, False, False, False)
     batch_args = (dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False, False)
     backend = prefill_backend(capability, head_dim)
-    return [
-        (f"single prefill ({backend})", lambda: modules.gen_single_prefill_module(backend, *args)),
-        ("single decode, tensor cores (fa2 single prefill)",
-         lambda: modules.gen_single_prefill_module("fa2", *args)),
+    return {
+        SINGLE_PREFILL: lambda: modules.gen_single_prefill_module(backend, *args),
+        SINGLE_DECODE: lambda: modules.gen_single_prefill_module("fa2", *args),
         # The wrappers' FA2 module (ragged and equal-stride paged kernels); its name is
         # FlashInfer's own, so a version without it is a failed prebuild, not a crash.
-        ("batch prefill (fa2; ragged and paged wrappers)",
-         lambda: modules._gen_batch_prefill_primary_module("fa2", *batch_args)),
-    ]
+        BATCH: lambda: modules._gen_batch_prefill_primary_module("fa2", *batch_args),
+    }
 
 
 @dataclass
@@ -102,19 +112,18 @@ class FlashInferPrebuild:
     one after another they would take three times as long.  ``nice``: the compilers
     yield the CPU to the measuring thread, whose kernel launches must not wait."""
 
-    specs: list[tuple[str, Callable]]
+    specs: dict[str, Callable]
     nice: int = 10
-    builds: list[Build] = field(default_factory=list)
-    _threads: list[threading.Thread] = field(default_factory=list)
+    builds: dict[str, Build] = field(default_factory=dict)
+    _threads: dict[str, threading.Thread] = field(default_factory=dict)
 
     def start(self) -> FlashInferPrebuild:
-        for name, make in self.specs:
-            build = Build(name)
-            self.builds.append(build)
-            thread = threading.Thread(target=self._run, args=(build, make), daemon=True,
-                                      name=f"flashinfer-prebuild: {name}")
-            self._threads.append(thread)
-            thread.start()
+        for name, make in self.specs.items():
+            self.builds[name] = Build(name)
+            self._threads[name] = threading.Thread(
+                target=self._run, args=(self.builds[name], make), daemon=True,
+                name=f"flashinfer-prebuild: {name}")
+            self._threads[name].start()
         return self
 
     def _run(self, build: Build, make: Callable) -> None:
@@ -128,15 +137,18 @@ class FlashInferPrebuild:
             build.error = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
         build.seconds = round(time.monotonic() - begin, 1)
 
-    def done(self) -> bool:
-        return not any(thread.is_alive() for thread in self._threads)
+    def done(self, name: str | None = None) -> bool:
+        """Whether the build of ``name`` (a module not built here counts as done), or every
+        build, has finished."""
+        threads = self._threads.values() if name is None else [self._threads.get(name)]
+        return not any(thread is not None and thread.is_alive() for thread in threads)
 
     def wait(self, timeout_s: float) -> float:
         """Wait up to ``timeout_s`` for every build; the seconds waited."""
         begin = time.monotonic()
-        for thread in self._threads:
+        for thread in self._threads.values():
             thread.join(max(0.0, timeout_s - (time.monotonic() - begin)))
         return time.monotonic() - begin
 
     def rows(self) -> list[dict]:
-        return [build.as_dict() for build in self.builds]
+        return [build.as_dict() for build in self.builds.values()]

@@ -592,8 +592,10 @@ def _flashinfer_toolchain_reason() -> str | None:
         return None
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
     nvcc = os.environ.get("FLASHINFER_NVCC") or os.path.join(cuda_home, "bin", "nvcc")
+    cxx = os.environ.get("CXX", "c++")
     missing = [what for what, found in ((f"nvcc ({nvcc})", os.path.exists(nvcc)),
-                                        ("ninja on PATH", shutil.which("ninja")))
+                                        ("ninja on PATH", shutil.which("ninja")),
+                                        (f"a host compiler ({cxx})", shutil.which(cxx)))
                if not found]
     if missing:
         return (f"FlashInfer JIT-compiles its kernels and needs {' and '.join(missing)} "
