@@ -159,3 +159,28 @@ def test_a_failed_build_stands_for_its_points_without_a_second_compile(seed, tmp
     assert record["reason"] == ("failed: FlashInfer's JIT build of its batch prefill module "
                                 "failed: CalledProcessError: nvcc")
     assert first_calls == []
+
+
+def test_the_readme_seed_tables_name_the_fastest_peer_and_attnlabs_ratio(bench_script, tmp_path):
+    tables = bench_script("readme_tables")
+
+    def timed(provider, batch, seqlen_k, us, seqlen_q=1, metric="latency"):
+        shape = {"batch": batch, "query_heads": 24, "kv_heads": 4, "seqlen_q": seqlen_q,
+                 "seqlen_k": seqlen_k, "head_dim": 256, "dtype": "bf16", "causal": True}
+        return rec.make_record(kernel="call", provider=provider, phase="decode", shape=shape,
+                               metric=metric, unit="ms", p20=us / 1e3, p50=us / 1e3,
+                               p80=us / 1e3, repeats=5, env=ENV)
+
+    rec.upsert_records(tmp_path / "seed_decode_b1.jsonl", [
+        timed("eager_typical", 1, 1024, 5.0), timed("sdpa_cudnn", 1, 1024, 30.0),
+        timed("fa4", 1, 1024, 60.0), timed("flashinfer", 1, 1024, 20.0),
+        timed("attnlab_decode", 1, 1024, 25.0), timed("flashinfer_paged16", 1, 1024, 22.0),
+        timed("attnlab_decode_paged16", 1, 1024, 11.0),
+        timed("flashinfer", 1, 1024, 1.0, metric="latency_uncaptured")])
+    rec.upsert_records(tmp_path / "seed_decode_b16.jsonl", [timed("fa4", 16, 1024, 90.0)])
+    lines = tables.seed_table("seed_decode", tmp_path)
+    assert lines[0].startswith("| batch × cache | eager | cuDNN | FA2 | FA4 | FlashInfer | attnlab")
+    assert lines[2] == ("| 1 × 1024 | 5.0 | 30.0 | – | 60.0 | 20.0 | 25.0 | – | 22.0 | 11.0 | "
+                        "FlashInfer | 0.80× | FlashInfer paged | 2.00× |")
+    assert lines[3] == "| 16 × 1024 | – | – | – | 90.0 | – | – | – | – | – | FA4 | – | – | – |"
+    assert tables.main(["--results", str(tmp_path / "none"), "seed_prefill"]) == 2
