@@ -1,5 +1,6 @@
 """Shared test settings."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,3 +30,25 @@ def json_from_fresh_python():
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
     return run
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load_bench_script(name: str):
+    """A bench script as a module (bench/ on sys.path: forward_h200 imports backward_h200)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    key = f"bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # before it runs: its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+@pytest.fixture
+def bench_script():
+    """``bench_script(name)``: bench/<name>.py loaded as a module."""
+    return load_bench_script
