@@ -34,7 +34,8 @@ import torch
 import attnlab
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels.configs import DecodeConfig, decode_config
-from attnlab.kernels.decode import flash_decode, launch_plan, sm_count
+from attnlab.kernels.decode import flash_decode, launch_plan
+from attnlab.kernels.dispatch import sm_count
 from attnlab.measure import records
 from attnlab.measure.engine import Bench
 from attnlab.measure.providers import PROVIDERS, ProviderUnavailable, make_inputs, prepare
