@@ -477,9 +477,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attnlab.kernels.append import _rotary_append
 from attnlab.kernels.decode import _combine_partials, _split_kv_decode
+from attnlab.kernels.forward import _attn_fwd
 TYPES = dict(O_PART="*fp32", LSE_PART="*fp32", LSE_OUT="*fp32", ERRORS="*i64", COS="*fp32",
              SIN="*fp32", CACHE_SEQLENS="*i32", CACHE_BATCH_IDX="*i32", CACHE_LEFTPAD="*i32",
-             BLOCK_TABLE="*i32", ROTARY_SEQLENS="*i32")
+             BLOCK_TABLE="*i32", ROTARY_SEQLENS="*i32", LSE="*fp32", CU_SEQLENS_Q="*i32",
+             CU_SEQLENS_K="*i32", SEQUSED_K="*i32")
 def build(kernel, constants, warps, stages):
     signature = {n: "constexpr" if n in constants else TYPES.get(n, "*bf16") if n.isupper()
                  else "fp32" if n in ("qk_scale", "softcap_log2", "softcap_inv") else "i32"
@@ -504,6 +506,11 @@ for page, half, batch_idx in ((0, 32, False), (16, 64, False), (0, 0, True)):
         INTERLEAVED=True, ROTATE_Q=half > 0, Q_SAME_POSITION=False, PAGE_SIZE=page,
         HAS_SEQLENS=True, HAS_BATCH_IDX=batch_idx, HAS_LEFTPAD=False, HAS_ROTARY_SEQLENS=False,
         CHECK_SHARED=page > 0 or batch_idx, BLOCK_B=64), 1, 1))
+for page, seqused, varlen in ((16, True, True),):
+    built.append(build(_attn_fwd, dict(
+        HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=128, BLOCK_N=64, HAS_LEFT=False, HAS_RIGHT=True,
+        HAS_SOFTCAP=False, REVERSE_M=True, UPCAST_DOT=False, IS_VARLEN=varlen,
+        OFFSETS_64=False, PAGE_SIZE=page, HAS_SEQUSED=seqused), 8, 2))
 print(json.dumps(built))
 """
 
@@ -511,8 +518,9 @@ print(json.dumps(built))
 @pytest.mark.slow
 def test_the_serving_kernels_build_for_sm90(json_from_fresh_python):
     """The interpreter runs what ptxas may refuse (loop-carried flags, scalar atomics):
-    the split, combine and append kernels compile for sm_90a here, without a GPU."""
-    assert json_from_fresh_python(SM90_BUILD) == [True] * 8
+    the split, combine and append kernels and the paged varlen forward compile for
+    sm_90a here, without a GPU."""
+    assert json_from_fresh_python(SM90_BUILD) == [True] * 9
 
 
 # ----- merge_state / merge_states ----------------------------------------------------------

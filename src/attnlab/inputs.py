@@ -198,6 +198,30 @@ def check_packed(q, k, v) -> None:
         raise ValueError(f"empty input: head_dim is 0 (q {tuple(q.shape)})")
 
 
+def check_paged_keys(q, k, v) -> None:
+    """Check a paged varlen call's q (total_q, heads, head_dim) against its paged keys
+    and values (num_pages, page_size, kv_heads, head_dim), by the dense calls' rules."""
+    lay = LAYOUTS["thd"]
+    check_strided("q", check_instance("q", q, torch.Tensor))
+    if q.dim() != lay.rank:
+        raise ValueError(f"q must be {lay.rank}-D {lay.dims}, got shape {tuple(q.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        check_strided(name, check_instance(name, t, torch.Tensor))
+        if t.dim() != 4 or min(t.shape) == 0:
+            raise ValueError(f"{name} must be a paged cache (num_pages, page_size, kv_heads, "
+                             f"head_dim) with a block_table, non-empty; got {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    _check_heads(lay.heads(q), k.shape[2], q.shape[-1], k.shape[-1])
+    if q.shape[-1] == 0:
+        raise ValueError(f"empty input: head_dim is 0 (q {tuple(q.shape)})")
+
+
 def _check_tensor_triple(q, k, v, layout: Layout) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_strided(name, check_instance(name, t, torch.Tensor))

@@ -8,6 +8,8 @@ import torch
 from attnlab.api.common import (
     _check_has_data,
     _check_options,
+    _check_page_table,
+    _check_per_sequence,
     _check_reference_dtypes,
     _check_tensor,
     _check_triton_inputs,
@@ -16,16 +18,8 @@ from attnlab.api.common import (
     _resolve_impl,
     documents_impl,
 )
-from attnlab.checks import check_bool, check_index_tensor, check_int, check_scale
+from attnlab.checks import check_bool, check_int, check_scale
 from attnlab.kernels._launch import PlanCache
-
-
-def _check_per_sequence(name: str, t, batch: int, device) -> torch.Tensor:
-    """A (batch,) index tensor as the kernel reads it (:func:`attnlab.checks.check_index_tensor`)."""
-    t = check_index_tensor(name, t, device=device)
-    if t.dim() != 1 or t.shape[0] != batch:
-        raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {tuple(t.shape)}")
-    return t
 
 
 def _check_append_destination(name: str, cache: torch.Tensor) -> None:
@@ -74,20 +68,12 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
         raise ValueError(f"k_cache's kv_heads ({kv_heads}) must divide q's heads ({heads})")
 
     if paged:
-        block_table = check_index_tensor("block_table", block_table, device=q.device)
-        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
-            raise ValueError(f"block_table must be (batch, max_pages) = ({batch}, >= 1), got "
-                             f"{tuple(block_table.shape)}")
-        page_size = k_cache.shape[1]
-        if page_size % 16:
-            raise ValueError(f"the paged cache's page size (k_cache.shape[1]) must be a multiple "
-                             f"of 16, got {page_size}")
+        block_table, capacity = _check_page_table(block_table, k_cache, batch, q.device)
         if cache_batch_idx is not None:
             raise NotImplementedError("cache_batch_idx must be None with a paged cache "
                                       "(block_table already picks each sequence's pages)")
         if cache_leftpad is not None:
             raise NotImplementedError("cache_leftpad must be None with a paged cache")
-        capacity = block_table.shape[1] * page_size
     else:
         capacity = k_cache.shape[1]
         if cache_batch_idx is None and k_cache.shape[0] != batch:

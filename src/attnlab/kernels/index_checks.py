@@ -37,8 +37,8 @@ KINDS = (
     ("rotary position", "must be in [0, seqlen_ro = {limit}) (the rows of rotary_cos/"
                         "rotary_sin; positions start at rotary_seqlens[b] when given, else "
                         "at cache_seqlens[b])"),
-    ("seqused_k", "(keys of the sequence) must be in [0, capacity = {limit}] "
-                  "(block_table.shape[1] x page size)"),
+    ("seqused_k", "(keys of the sequence) must be in [0, {limit}] (the keys sequence {seq} "
+                  "has: its cu_seqlens_k length, or block_table.shape[1] x page size)"),
 )
 SEQLENS, LEFTPAD, BATCH_IDX, BLOCK_TABLE, SHARED_SLOT, ROTARY, KEYS_USED = range(len(KINDS))
 _NONE = 2**63 - 1  # "no error": every record is smaller
