@@ -296,6 +296,7 @@ PLAN_VARIANTS = [
     ("backward_h200", ["--tune-seqlens", "4096,1024", "--tune-heads", "128,64"]),
     ("decode_h200", ["--quick"]),
     ("serving_h200", ["--quick"]),
+    ("decode_h200", ["--phases", "paged_sweep"]),
     ("host_cost_h200", ["--phases", "decode"]),
     ("sm90_h200", ["--quick"]),
     ("sm90_h200", ["--head-dims", "128,256,64", "--schedules", "split", "--rescales",

@@ -8,6 +8,7 @@ CUDA-graph capture).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -160,6 +161,34 @@ def test_paged_cache_equals_contiguous(page_size):
     for b, length in enumerate(lengths.tolist()):
         check_dense(paged[b:b + 1], p_lse[b:b + 1], q[b:b + 1], k_cache[b:b + 1, :length],
                     v_cache[b:b + 1, :length], causal=True)
+
+
+@runs_kernels
+@pytest.mark.parametrize("page_size", [16, 32, 48, 64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_both_paged_load_forms_equal_the_contiguous_cache(page_size, causal):
+    """DecodeConfig.paged_loads: the per-page candidate (one scalar base per tile inside a
+    page, the table read once per tile across pages, per-key where a page does not divide
+    the tile) gives the contiguous cache's bits, and still flags a bad entry."""
+    from attnlab.kernels.configs import INTERPRETER_DECODE_CONFIG
+
+    batch, heads, kv_heads, dim, capacity = 3, 4, 2, 32, 200
+    q = randn(batch, 2, heads, dim, seed=50)
+    k_cache, v_cache = randn(batch, capacity, kv_heads, dim, seed=51), \
+        randn(batch, capacity, kv_heads, dim, seed=52)
+    lengths = torch.tensor([200, 97, 33], dtype=torch.int32, device=DEVICE)
+    (k_pages, table), (v_pages, _) = (paged_copy(c, page_size, seed=6) for c in (k_cache, v_cache))
+    options = dict(scale=0.2, causal=causal, cache_seqlens=lengths, num_splits=3)
+    contiguous = flash_decode(q, k_cache, v_cache, **options)
+    for loads in ("per_key", "per_page"):
+        config = dataclasses.replace(INTERPRETER_DECODE_CONFIG, paged_loads=loads)
+        paged = flash_decode(q, k_pages, v_pages, block_table=table, config=config, **options)
+        assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
+    table[1, 1] = k_pages.shape[0]  # a page sequence 1 (97 keys) uses at every size
+    out, _ = flash_decode(q, k_pages, v_pages, block_table=table, config=config, **options)
+    assert torch.isnan(out[1]).all() and torch.equal(out[0], contiguous[0][0])
+    with pytest.raises(ValueError, match=rf"block_table\[1, 1\] = {k_pages.shape[0]}"):
+        attnlab.check_kvcache_indices(DEVICE)
 
 
 @runs_kernels
@@ -493,12 +522,14 @@ def build(kernel, constants, warps, stages):
                               options={"num_warps": warps, "num_stages": stages})
     return bool(compiled.asm["cubin"])
 built = []
-for page, d, block_n, batch_idx in ((0, 128, 128, False), (16, 128, 128, False),
-                                    (256, 256, 64, False), (0, 64, 64, True)):
+for page, d, block_n, batch_idx, per_page in (
+        (0, 128, 128, False, False), (16, 128, 128, False, False), (256, 256, 64, False, False),
+        (0, 64, 64, True, False), (16, 128, 128, False, True), (256, 128, 128, False, True)):
     built.append(build(_split_kv_decode, dict(
         HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=16, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_SEQLENS=True, HAS_BATCH_IDX=batch_idx, HAS_LEFTPAD=batch_idx, HAS_LEFT=False,
-        HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False), 4, 3))
+        HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
+        PER_PAGE=per_page), 4, 3))
 built.append(build(_combine_partials, dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_S=16), 2, 1))
 for page, half, batch_idx in ((0, 32, False), (16, 64, False), (0, 0, True)):
     built.append(build(_rotary_append, dict(
@@ -520,7 +551,7 @@ def test_the_serving_kernels_build_for_sm90(json_from_fresh_python):
     """The interpreter runs what ptxas may refuse (loop-carried flags, scalar atomics):
     the split, combine and append kernels and the paged varlen forward compile for
     sm_90a here, without a GPU."""
-    assert json_from_fresh_python(SM90_BUILD) == [True] * 9
+    assert json_from_fresh_python(SM90_BUILD) == [True] * 11
 
 
 # ----- merge_state / merge_states ----------------------------------------------------------

@@ -175,11 +175,24 @@ def _sequence_bounds(ERRORS, seq, valid, CACHE_SEQLENS, CACHE_LEFTPAD, CACHE_BAT
 
 @triton.jit
 def _page_of(ERRORS, seq, block_table_row, start_n, seqlen_k, num_pages,
-             BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+             BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PER_PAGE: tl.constexpr = False):
     """(page, bad) of keys [start_n, start_n + BLOCK_N) of one sequence: one page (a
     scalar) when the tile lies in one page, else one per key (padded keys read entry 0).
     An entry outside [0, num_pages) is recorded (kind 3), read as page 0, and ``bad`` is
-    set: its keys are never loaded from where the entry points."""
+    set: its keys are never loaded from where the entry points.  PER_PAGE (the
+    ``DecodeConfig.paged_loads`` candidate, tiles at multiples of BLOCK_N): a tile
+    spanning pages reads its BLOCK_N / PAGE_SIZE entries once, broadcast to its keys."""
+    if PAGE_SIZE % BLOCK_N != 0 and PER_PAGE and BLOCK_N % PAGE_SIZE == 0:
+        column = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
+        in_range = column * PAGE_SIZE < seqlen_k
+        pages = tl.load(block_table_row + column, mask=in_range, other=0)
+        bad = in_range & ((pages < 0) | (pages >= num_pages))
+        _flag_index_error(ERRORS, 3, seq + 0 * column, column, pages, num_pages + 0 * column,
+                          bad)
+        pages = tl.where(bad, 0, pages)
+        page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)),
+                          (BLOCK_N,))
+        return page.to(tl.int64), tl.max(bad.to(tl.int32), 0)
     if PAGE_SIZE % BLOCK_N == 0:
         column = start_n // PAGE_SIZE
         page = tl.load(block_table_row + column)
@@ -200,18 +213,30 @@ def _page_of(ERRORS, seq, block_table_row, start_n, seqlen_k, num_pages,
 @triton.jit
 def _load_cache_tile(base, page, stride_page, stride_n, start_n, offs_d, seqlen_k,
                      BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                     PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):
+                     PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr,
+                     PER_PAGE: tl.constexpr = False):
     """Keys [start_n, start_n + BLOCK_N) of one sequence and KV head, (BLOCK_N, HEAD_DIM_PAD).
 
     PAGE_SIZE == 0: contiguous, ``base`` points at the sequence's first live key and
     ``page`` is unused.  Otherwise ``base`` points at the KV head inside page 0 and
-    ``page`` is :func:`_page_of`'s answer for this tile."""
+    ``page`` is :func:`_page_of`'s answer for this tile (with the same PER_PAGE)."""
     if PAGE_SIZE == 0:
         # Advance the base in 64 bits; the in-tile offsets stay small.
         return _load_kv_tile(base + tl.cast(start_n, tl.int64) * stride_n, stride_n, 0, offs_d,
                              seqlen_k - start_n, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    rows = page * stride_page + (offs_n % PAGE_SIZE) * stride_n
+    if PER_PAGE and PAGE_SIZE % BLOCK_N == 0:
+        # One page holds the tile: one scalar base, then a contiguous tile's addresses.
+        tile = base + page * stride_page + tl.cast(start_n % PAGE_SIZE, tl.int64) * stride_n
+        return _load_kv_tile(tile, stride_n, 0, offs_d, seqlen_k - start_n, BLOCK_N, HEAD_DIM,
+                             HEAD_DIM_PAD, MASKED)
+    if PER_PAGE and BLOCK_N % PAGE_SIZE == 0:
+        # Page-local offsets of a tile that starts on a page boundary: runs of PAGE_SIZE
+        # contiguous rows the compiler can see.
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        rows = page * stride_page + (tl.arange(0, BLOCK_N) % PAGE_SIZE) * stride_n
+    else:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        rows = page * stride_page + (offs_n % PAGE_SIZE) * stride_n
     ptrs = base + rows[:, None] + offs_d[None, :]
     if MASKED:
         return tl.load(ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM),

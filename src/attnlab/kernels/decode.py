@@ -74,26 +74,31 @@ def _decode_tiles(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr,
 ):
     """Fold the cache's key tiles [kv_start, kv_end) into the running state (m_i, l_i,
     acc); ``bad`` turns 1 where a page entry is out of range (_page_of)."""
     for start_n in range(kv_start, kv_end, BLOCK_N):
+        if PER_PAGE:
+            # Every stage starts on a multiple of BLOCK_N (the band and split bounds are).
+            start_n = tl.multiple_of(start_n, BLOCK_N)
         if PAGE_SIZE == 0:
             page = 0
         else:
             # One table lookup per tile serves both K and V.
             page, tile_bad = _page_of(ERRORS, off_b, block_table_row, start_n, seqlen_k,
-                                      num_pages, BLOCK_N, PAGE_SIZE)
+                                      num_pages, BLOCK_N, PAGE_SIZE, PER_PAGE)
             bad = bad | tile_bad
         k = _load_cache_tile(k_base, page, stride_kpage, stride_kn, start_n, offs_d,
-                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED)
+                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED,
+                             PER_PAGE)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST_DOT)
         p, alpha, m_i, l_i = _online_softmax_step(
             qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, window_left, window_right,
             qk_scale, softcap_log2, softcap_inv, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
         v = _load_cache_tile(v_base, page, stride_vpage, stride_vn, start_n, offs_d,
-                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED)
+                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED,
+                             PER_PAGE)
         acc = acc * alpha[:, None]
         acc = _mma(p.to(v.dtype), v, acc, UPCAST_DOT)
     return acc, l_i, m_i, bad
@@ -128,7 +133,7 @@ def _split_kv_decode(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -203,19 +208,19 @@ def _split_kv_decode(
         stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, lo, full_lo, seqlen_k,
         diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
         BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, True, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, UPCAST_DOT)
+        HAS_SOFTCAP, UPCAST_DOT, PER_PAGE)
     acc, l_i, m_i, bad = _decode_tiles(
         acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
         stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, full_lo, full_hi,
         seqlen_k, diag_offset, window_left, window_right, qk_scale, softcap_log2,
         softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, False, HAS_LEFT,
-        HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+        HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, PER_PAGE)
     acc, l_i, m_i, bad = _decode_tiles(
         acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
         stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, full_hi, hi, seqlen_k,
         diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
         BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, True, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, UPCAST_DOT)
+        HAS_SOFTCAP, UPCAST_DOT, PER_PAGE)
 
     # A row that sees no key of this split (an empty split, a hidden row): O = 0,
     # LSE = -inf, which the combine drops; a NaN stays NaN (_finish_rows), so the
@@ -435,6 +440,7 @@ class _DecodePlan:
             HAS_LEFTPAD=cache_leftpad is not None,
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=softcap > 0,
             UPCAST_DOT=interpreted and q.dtype == torch.bfloat16,
+            PER_PAGE=paged and self.config.paged_loads == "per_page",
             num_warps=self.config.num_warps, num_stages=self.config.num_stages)
         self.out_strides = out_strides
         self.head_dim_pad = head_dim_pad
