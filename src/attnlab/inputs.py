@@ -210,13 +210,7 @@ def check_paged_keys(q, k, v) -> None:
         if t.dim() != 4 or min(t.shape) == 0:
             raise ValueError(f"{name} must be a paged cache (num_pages, page_size, kv_heads, "
                              f"head_dim) with a block_table, non-empty; got {tuple(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
+    _check_alike(q, k, v)
     _check_heads(lay.heads(q), k.shape[2], q.shape[-1], k.shape[-1])
     if q.shape[-1] == 0:
         raise ValueError(f"empty input: head_dim is 0 (q {tuple(q.shape)})")
@@ -228,6 +222,11 @@ def _check_tensor_triple(q, k, v, layout: Layout) -> None:
         if t.dim() != layout.rank:
             raise ValueError(f"{name} must be {layout.rank}-D {layout.dims}, got shape "
                              f"{tuple(t.shape)}")
+    _check_alike(q, k, v)
+
+
+def _check_alike(q, k, v) -> None:
+    """One dtype and device for q, k, v; one shape for k and v."""
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):

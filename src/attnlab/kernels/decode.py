@@ -201,26 +201,21 @@ def _split_kv_decode(
     full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
     full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
 
-    # Stage 1: tiles cut by the window's left edge; stage 2: tiles every row sees in
-    # full (no mask); stage 3: the diagonal and the ragged last tile.
-    acc, l_i, m_i, bad = _decode_tiles(
-        acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
-        stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, lo, full_lo, seqlen_k,
-        diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, True, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, UPCAST_DOT, PER_PAGE)
-    acc, l_i, m_i, bad = _decode_tiles(
-        acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
-        stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, full_lo, full_hi,
-        seqlen_k, diag_offset, window_left, window_right, qk_scale, softcap_log2,
-        softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, False, HAS_LEFT,
-        HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, PER_PAGE)
-    acc, l_i, m_i, bad = _decode_tiles(
-        acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
-        stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, full_hi, hi, seqlen_k,
-        diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, True, HAS_LEFT, HAS_RIGHT,
-        HAS_SOFTCAP, UPCAST_DOT, PER_PAGE)
+    # Stage 0: tiles cut by the window's left edge; stage 1: tiles every row sees in
+    # full (no mask); stage 2: the diagonal and the ragged last tile (unrolled).
+    for stage in tl.static_range(3):
+        if stage == 0:
+            start, end = lo, full_lo
+        elif stage == 1:
+            start, end = full_lo, full_hi
+        else:
+            start, end = full_hi, hi
+        acc, l_i, m_i, bad = _decode_tiles(
+            acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
+            stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, start, end, seqlen_k,
+            diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, stage != 1, HAS_LEFT,
+            HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, PER_PAGE)
 
     # A row that sees no key of this split (an empty split, a hidden row): O = 0,
     # LSE = -inf, which the combine drops; a NaN stays NaN (_finish_rows), so the
