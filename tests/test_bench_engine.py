@@ -13,6 +13,8 @@ end to end under TRITON_INTERPRET=1 on a tiny shape.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +32,7 @@ BENCH = ROOT / "bench"
 # (forward_table.py, sm90_dispatch_table.py) read committed records and run no phases.
 SCRIPTS = ("backward_h200", "decode_h200", "forward_h200", "h200_measure", "host_cost_h200",
            "racecheck_probe", "ring_h200", "sanitize_h200", "sdpa_route_check", "seed_h200",
-           "sm90_h200", "train_check_h200", "varlen_h200")
+           "serving_h200", "sm90_h200", "train_check_h200", "varlen_h200")
 
 
 class Clock:
@@ -282,6 +284,9 @@ PLAN_VARIANTS = [
     ("backward_h200", ["--providers", "flex", "--flex", "all", "--shapes", "Nq=1024,d=64"]),
     ("backward_h200", ["--tune-seqlens", "4096,1024", "--tune-heads", "128,64"]),
     ("decode_h200", ["--quick"]),
+    ("serving_h200", ["--quick"]),
+    ("decode_h200", ["--phases", "paged_sweep"]),
+    ("host_cost_h200", ["--phases", "decode"]),
     ("sm90_h200", ["--quick"]),
     ("sm90_h200", ["--head-dims", "128,256,64", "--schedules", "split", "--rescales",
                    "late,early", "--stores", "direct,vector"]),
@@ -366,3 +371,19 @@ def test_ring_single_gpu_mode_runs_end_to_end_on_the_cpu(tmp_path):
     assert {"ring-local-step", "ring-remote-later", "ring-remote-earlier",
             "ring-merge"} <= kernels
     assert "model prefill P= 2" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_serving_bench_runs_its_whole_path_on_a_toy_model(tmp_path):
+    """generate timing, the step profile and the greedy check, on a CPU toy model."""
+    pytest.importorskip("transformers")
+    bench = load_script("serving_h200").bench
+    out = tmp_path / "serving"
+    assert bench.main(["--device", "cpu", "--tiny", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "serving.jsonl").read_text().splitlines()]
+    measured = {(r["batch"], r["provider"]) for r in rows if "time_per_token_ms" in r}
+    assert measured == {(b, p) for b in (1, 2) for p in ("sdpa", "attnlab", "eager")}
+    judged = [r for r in rows if r["provider"] in ("attnlab", "eager")]
+    assert all(r["greedy"]["mismatches"] == 0 and r["greedy"]["steps"] for r in judged)
+    assert all(r["attention_ms"] > 0 for r in rows if "time_per_token_ms" in r)
+

@@ -230,18 +230,34 @@ class DecodeConfig:
     ``block_n`` keys per loop step; ``ctas_per_sm`` is how many split programs of this
     tiling one SM holds at once (shared memory bound: num_stages K+V tiles of
     block_n x d), which is what the split-count heuristic fills.
+
+    ``paged_loads`` (a paged cache only): ``"per_key"`` addresses every key of a tile
+    from its own table entry and its offset ``(start_n + i) % page_size``, which the
+    compiler cannot prove contiguous or aligned (the issue #32 measurements: paged at
+    0.69-0.82x of contiguous from 32k keys); ``"per_page"`` is the candidate: tiles
+    start at multiples of block_n (hinted), a tile inside one page is addressed from one
+    scalar base exactly like a contiguous tile, and a tile spanning pages reads its
+    block_n / page_size table entries once and broadcasts them over page-local offsets
+    (``bench/decode_h200.py --phases paged_sweep`` measures both).
     """
 
     block_n: int
     num_warps: int
     num_stages: int
     ctas_per_sm: int
+    paged_loads: str = "per_key"
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
             raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
         if self.ctas_per_sm < 1:
             raise ValueError(f"ctas_per_sm must be >= 1, got {self.ctas_per_sm}")
+        if self.paged_loads not in PAGED_LOADS:
+            raise ValueError(f"paged_loads must be one of {', '.join(PAGED_LOADS)}, got "
+                             f"{self.paged_loads!r}")
+
+
+PAGED_LOADS = ("per_key", "per_page")
 
 
 # Small key tiles on the CPU, so test caches of a few hundred keys span several tiles
