@@ -13,7 +13,6 @@ end to end under TRITON_INTERPRET=1 on a tiny shape.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -374,10 +373,10 @@ def test_ring_single_gpu_mode_runs_end_to_end_on_the_cpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_serving_bench_runs_its_whole_path_on_a_toy_model(tmp_path):
+def test_the_serving_bench_runs_its_whole_path_on_a_toy_model(tmp_path, bench_script):
     """generate timing, the step profile and the greedy check, on a CPU toy model."""
     pytest.importorskip("transformers")
-    bench = load_script("serving_h200").bench
+    bench = bench_script("serving_h200").bench
     out = tmp_path / "serving"
     assert bench.main(["--device", "cpu", "--tiny", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in (out / "serving.jsonl").read_text().splitlines()]
