@@ -12,6 +12,11 @@
    ``sm90`` (only when asked): the Gluon sm_90 dK/dV kernel's candidates, accuracy
    and the backward timed with each against the Triton dK/dV kernel (``phase_sm90``).
 
+   ``ncu`` (only when asked, <= 75 s): Nsight Compute's DRAM bytes of the forward and the
+   two backward kernels of one fwd+bwd call at d = 128 (16 heads, 4 x 4k, causal) and
+   the GQA d = 256 layer (24q/4kv, 4k, causal) against the cache-aware and logical
+   models; ``backward_ncu.jsonl`` (records), ``backward_ncu_vs_model.jsonl``.
+
 1. correctness: dQ, dK, dV against float64 autograd by the gradient rule
    (``attnlab.accuracy.check_gradients``) on a compact grid (every head dim of issue
    #12, fp16 and bf16, masks, GQA, ragged lengths), plus bit-identical repeats;
@@ -457,9 +462,8 @@ def bench_plan(args) -> list[tuple[AttentionShape, list[str]]]:
     for name in names:
         if name != "attnlab_deterministic":
             provider(name)  # an unknown name is refused now, not after the compiles
-    parts = [p for p in args.shapes.split(",") if p]
     return [(shape, names) for shape in bench_shapes(args.quick)
-            if not parts or any(part in shape.describe() for part in parts)]
+            if shape_selected(shape, args.shapes)]
 
 
 def phase_bench(ctx) -> list:
@@ -534,9 +538,16 @@ PROFILE_SHAPES = [(128, 1024, True), (128, 1024, False), (128, 4096, True), (64,
 
 
 def profile_plan(args) -> list[AttentionShape]:
-    return [AttentionShape(batch=16384 // seqlen, query_heads=16, kv_heads=16, seqlen_q=seqlen,
-                           seqlen_k=seqlen, head_dim=head_dim, dtype="bf16", causal=causal)
-            for head_dim, seqlen, causal in PROFILE_SHAPES]
+    shapes = [AttentionShape(batch=16384 // seqlen, query_heads=16, kv_heads=16, seqlen_q=seqlen,
+                             seqlen_k=seqlen, head_dim=head_dim, dtype="bf16", causal=causal)
+              for head_dim, seqlen, causal in PROFILE_SHAPES]
+    return [s for s in shapes if shape_selected(s, args.shapes)]
+
+
+def shape_selected(shape: AttentionShape, parts: str) -> bool:
+    """Whether ``--shapes`` (comma-separated parts of the description, '' = all) keeps it."""
+    wanted = [p for p in parts.split(",") if p]
+    return not wanted or any(part in shape.describe() for part in wanted)
 
 
 def phase_profile(ctx) -> None:
@@ -547,13 +558,19 @@ def phase_profile(ctx) -> None:
         inputs = prepared.inputs()
         call = prepared.call
         host_ms, events, graph, kernels = call_profile(call, inputs)
+        # The step is GPU-bound when the host issues it in at most half the GPU's time
+        # (issue #29's goal at N = 1k); the graph replay is the GPU's time alone.
+        ratio = host_ms / graph if isinstance(graph, float) and graph > 0 else None
         row = {"what": "fwdbwd_profile", "shape": shape.as_dict(), "host_ms": host_ms,
-               "event_ms": events, "graph_ms": graph, "kernels_ms": kernels, **ctx.env}
+               "event_ms": events, "graph_ms": graph, "host_over_gpu": ratio,
+               "gpu_bound": None if ratio is None else ratio <= 0.5, "kernels_ms": kernels,
+               **ctx.env}
         ctx.append_row("backward_profile.jsonl", row)
         if (shape.head_dim, shape.seqlen_q, shape.causal) == (128, 1024, True):
             ctx.path("backward_host_profile.txt").write_text(host_profile(call, inputs))
         print(f"profile {shape.describe()}: host {host_ms:.3f} ms/call, events {events:.3f}, "
-              f"graph {graph if isinstance(graph, str) else f'{graph:.3f}'}; kernels "
+              f"graph {graph if isinstance(graph, str) else f'{graph:.3f}'}, host/GPU "
+              f"{'-' if ratio is None else f'{ratio:.2f} (goal <= 0.5)'}; kernels "
               + ", ".join(f"{n}={t:.3f}" for n, t in sorted(kernels.items(), key=lambda x: -x[1])),
               flush=True)
 
@@ -653,6 +670,97 @@ def phase_edge(ctx) -> None:
             for n, errs in errors.items()), flush=True)
 
 
+NCU_SHAPES = (AttentionShape(batch=4, query_heads=16, kv_heads=16, seqlen_q=4096, seqlen_k=4096,
+                             head_dim=128, dtype="bf16", causal=True),
+              AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=4096, seqlen_k=4096,
+                             head_dim=256, dtype="bf16", causal=True))
+# The kernels of one fwd+bwd call, by the name's part: the forward (Triton or Gluon),
+# then the backward's two launches.
+NCU_ROLES = (("backward_dkdv", "_attn_bwd_dkdv"), ("backward_dq", "_attn_bwd_dq"),
+             ("forward", "_attn_fwd"))
+
+
+def ncu_role(name: str) -> str | None:
+    return next((role for role, part in NCU_ROLES if part in name), None)
+
+
+def phase_ncu(ctx) -> None:
+    """Nsight Compute's DRAM bytes of attnlab's forward and two backward kernels (one
+    fwd+bwd call per shape, ``--clock-control none``, caches flushed per kernel) against
+    the cache-aware model (``measure.compare.predict`` / ``predict_backward``) and the
+    logical one; records of the measured bytes, one comparison row per kernel, a table."""
+    import tempfile
+    from pathlib import Path
+
+    from attnlab.measure import ncu
+    from attnlab.measure.compare import (
+        GOAL_RELATIVE_ERROR,
+        attnlab_backward_plan,
+        logical_backward,
+        ncu_records,
+        predict,
+        predict_backward,
+    )
+    from attnlab.model.traffic import fused_forward_traffic
+
+    binary = ncu.find_ncu()
+    if binary is None:
+        print("  ncu not found on PATH, $NCU or /usr/local/cuda/bin: skipped", flush=True)
+        return
+    work = Path(tempfile.mkdtemp(prefix="attnlab-ncu-bwd-"))
+    cases = [("attnlab", "fwdbwd", shape) for shape in ctx.plan]
+    try:
+        run = ncu.run_ncu(cases, work, ncu=binary, metrics=ncu.CORE_METRICS,
+                          timeout_s=max(10.0, ctx.deadline - time.monotonic() - 5))
+    except Exception as error:  # noqa: BLE001 - say why; the log tail says more
+        print(f"  ncu failed: {error}", flush=True)
+        log = work / "ncu_log.txt"
+        if log.exists():
+            print("    " + "\n    ".join(log.read_text().splitlines()[-15:]), flush=True)
+        return
+    ncu.write_long_csv(run.kernels, ctx.path("ncu_backward/ncu_kernels.csv"))
+    ctx.upsert("backward_ncu.jsonl", ncu_records(run.kernels, ctx.env))
+    for label, reason in run.failed_cases.items():
+        print(f"  case failed: {label}: {reason[:200]}", flush=True)
+    for note in run.notes:
+        print(f"  note: {note}", flush=True)
+    by_case = ncu.group_by_case(run.kernels)
+    for shape in ctx.plan:
+        plan = attnlab_backward_plan(shape)
+        forward_logical = fused_forward_traffic(shape, write_lse=True, scope="layer")
+        predicted = {"forward": (predict("attnlab", shape)[0],
+                                 forward_logical.kernels[0].total_bytes)}
+        for kernel, logical in zip(predict_backward(shape), logical_backward(shape).kernels,
+                                   strict=True):
+            predicted[kernel.role] = (kernel, logical.total_bytes)
+        measured = {ncu_role(k.name): k for k in
+                    by_case.get(ncu.case_label("attnlab", "fwdbwd", shape), [])}
+        for role, (model, logical) in predicted.items():
+            kernel = measured.get(role)
+            got = None if kernel is None or kernel.dram_bytes_read is None else (
+                kernel.dram_bytes_read + (kernel.dram_bytes_write or 0))
+            error = None if got is None else (model.total_bytes - got) / got
+            row = {"what": "backward_ncu_vs_model", "shape": shape.as_dict(), "role": role,
+                   "kernel": None if kernel is None else kernel.name[:120],
+                   "measured_bytes": got, "predicted_bytes": model.total_bytes,
+                   "predicted_read": model.read_bytes, "predicted_write": model.write_bytes,
+                   "measured_read": None if kernel is None else kernel.dram_bytes_read,
+                   "measured_write": None if kernel is None else kernel.dram_bytes_write,
+                   "logical_bytes": logical, "relative_error": error,
+                   "within_goal": None if error is None else abs(error) <= GOAL_RELATIVE_ERROR,
+                   "duration_ns": None if kernel is None else kernel.duration_ns,
+                   "registers": None if kernel is None else kernel.value(
+                       "launch__registers_per_thread"),
+                   "plan": {k: v for k, v in plan.items() if k not in ("dq", "dkdv")},
+                   "notes": list(model.notes), **ctx.env}
+            ctx.append_row("backward_ncu_vs_model.jsonl", row)
+            print(f"  {shape.describe()[:60]:60s} {role:14s} measured "
+                  f"{'-' if got is None else f'{got / 1e6:8.1f}'} MB, cache model "
+                  f"{model.total_bytes / 1e6:8.1f} MB "
+                  f"({'-' if error is None else f'{error:+.1%}'}), logical {logical / 1e6:8.1f}",
+                  flush=True)
+
+
 def parse_ints(text: str, option: str, allowed=None) -> list[int]:
     """Comma-separated ints for ``option``; with ``allowed``, each must be one of them."""
     values = parse_int_list(text, option)
@@ -676,12 +784,14 @@ bench.option("--sm90-skip-accuracy", action="store_true",
              help="time only (the candidates' accuracy was recorded before)")
 bench.option("--providers", default=",".join(BENCH_PROVIDERS),
              help="bench providers, comma-separated (default: all five)")
-bench.option("--shapes", default="", help="bench only shapes whose description contains one "
-                                          "of these comma-separated parts, e.g. 'Nq=1024,d=64'")
+bench.option("--shapes", default="", help="bench and profile only shapes whose description "
+                                          "contains one of these comma-separated parts, e.g. "
+                                          "'Nq=1024,d=64'")
 bench.option("--profile", action="store_true", help="list each call's kernels")
 # The order they run in: the ones only run when asked first, the tuning before the table.
 bench.phase("edge", default=False)(phase_edge)
 bench.phase("profile", default=False, plan=profile_plan)(phase_profile)
+bench.phase("ncu", default=False, cap_s=75.0, plan=lambda args: list(NCU_SHAPES))(phase_ncu)
 bench.phase("correct", cap_s=45.0, plan=correctness_cases)(phase_correct)
 bench.phase("sm90", default=False, cap_s=200.0, plan=sm90_plan)(phase_sm90)
 bench.phase("tune", cap_s=90.0, plan=tune_plan)(phase_tune)

@@ -16,7 +16,11 @@ One call does everything (issue #13's grid), so a lease is spent on measurements
    decoding).  Per point: median latency, K/V bytes read per second, and for attnlab
    the split count and programs launched against the SMs;
 4. ``tune`` (only when asked): a few points with other split counts and key tiles
-   (decode_tuning.jsonl).
+   (decode_tuning.jsonl);
+5. ``paged_sweep`` (only when asked: ``--phases paged_sweep``, ~50 s, cap 60 s):
+   contiguous vs paged 16 / 256 for both ``DecodeConfig.paged_loads`` forms (per_key,
+   the default, and the per_page candidate) at B1 x 32k, B16 x 32k, B1 x 128k (d = 128)
+   and the seed's d = 256 B1 x 32k, tensor cache_seqlens (decode_paged_sweep.jsonl).
 
 Writes decode.jsonl (records schema, phase "decode"), decode_launch.jsonl,
 correctness.jsonl, decode_tuning.jsonl into --out; prints a table last.  A
@@ -34,7 +38,8 @@ import torch
 import attnlab
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels.configs import DecodeConfig, decode_config
-from attnlab.kernels.decode import flash_decode, launch_plan, sm_count
+from attnlab.kernels.decode import flash_decode, launch_plan
+from attnlab.kernels.dispatch import sm_count
 from attnlab.measure import records
 from attnlab.measure.engine import Bench
 from attnlab.measure.providers import PROVIDERS, ProviderUnavailable, make_inputs, prepare
@@ -368,6 +373,76 @@ def tuning(ctx) -> None:
         del q, k, v
         torch.cuda.empty_cache()
     ctx.upsert("decode_tuning.jsonl", out)
+
+
+# ----- 5. paged loads: the per-key form against the per-page candidate ----------------------
+PAGED_SWEEP_POINTS = ((1, 32768, 32, 8, 128), (16, 32768, 32, 8, 128), (1, 131072, 32, 8, 128),
+                      (1, 32768, 24, 4, 256))
+
+
+def paged_sweep_points(args) -> list[AttentionShape]:
+    return [AttentionShape(batch=b, query_heads=h, kv_heads=kv, seqlen_q=1, seqlen_k=n,
+                           head_dim=d, dtype="bf16", causal=True)
+            for b, n, h, kv, d in PAGED_SWEEP_POINTS]
+
+
+@bench.phase("paged_sweep", default=False, cap_s=60.0, plan=paged_sweep_points)
+def paged_sweep(ctx) -> list[dict]:
+    """Contiguous vs paged (16, 256) for DecodeConfig.paged_loads per_key (now) and per_page."""
+    import dataclasses
+
+    env, out, table_rows = ctx.env, [], []
+    for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
+        log(f"== paged sweep {shape.describe()}")
+        b, n, h, kv, d = (shape.batch, shape.seqlen_k, shape.query_heads, shape.kv_heads,
+                          shape.head_dim)
+        q = bf16(b, 1, h, d, seed=1)
+        k, v = bf16(b, n, kv, d, seed=2), bf16(b, n, kv, d, seed=3)
+        lengths = torch.full((b,), n, dtype=torch.int32, device="cuda")
+        base = decode_config(d)
+        variants = [("attnlab_decode", None, base)]
+        for page_size in (16, 256):
+            for loads in ("per_key", "per_page"):
+                variants.append((f"attnlab_decode_paged{page_size}[{loads}]", page_size,
+                                 dataclasses.replace(base, paged_loads=loads)))
+        row = {"shape": shape.describe()}
+        for name, page_size, config in variants:
+            try:
+                if page_size is None:
+                    inputs = (q, k, v, lengths)
+
+                    def fn(q, k, v, n, config=config):
+                        return flash_decode(q, k, v, scale=shape.softmax_scale, causal=True,
+                                            cache_seqlens=n, config=config)
+                else:
+                    (k_pages, table), (v_pages, _) = (pages_of(t, page_size) for t in (k, v))
+                    inputs = (q, k_pages, v_pages, lengths, table)
+
+                    def fn(q, k, v, n, table, config=config):
+                        return flash_decode(q, k, v, scale=shape.softmax_scale, causal=True,
+                                            cache_seqlens=n, block_table=table, config=config)
+                record = measure(name, fn, inputs, shape, env, kernel_names=KERNEL_NAMES)
+                out.append(record)
+                row[name] = record["p50"] * 1e3
+                log(f"  {name:34s} {record['p50'] * 1e3:9.1f} us  {record['tbps']:.2f} TB/s")
+            except Exception as error:  # noqa: BLE001 -- recorded, the sweep goes on
+                traceback.print_exc()
+                out.append(skipped(name, shape, f"failed: {type(error).__name__}: {error}", env))
+        table_rows.append(row)
+        ctx.upsert("decode_paged_sweep.jsonl", out[-len(variants):])
+        del q, k, v
+        torch.cuda.empty_cache()
+    log("\npaged / contiguous (GPU time ratio; > 1 is slower): per_key -> per_page")
+    for row in table_rows:
+        contiguous = row.get("attnlab_decode")
+        cells = []
+        for page_size in (16, 256):
+            pair = [row.get(f"attnlab_decode_paged{page_size}[{loads}]")
+                    for loads in ("per_key", "per_page")]
+            cells.append(f"page {page_size}: " + " -> ".join(
+                "-" if t is None or contiguous is None else f"{t / contiguous:.2f}x" for t in pair))
+        log(f"{row['shape']}: contiguous {contiguous or float('nan'):.1f} us; " + "; ".join(cells))
+    return out
 
 
 @bench.setup

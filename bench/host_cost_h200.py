@@ -17,11 +17,22 @@ Phase ``fwdbwd`` (only when asked; ``--phases fwdbwd`` alone for just it) times 
 (synchronised before, not after), so its wall time is the host's alone even where the
 GPU's work is longer.  Writes host_cost_fwdbwd.jsonl, plus cProfile's table (main
 thread, by own time) of 200 calls each of flash_backward and of the grad-enabled
-forward, host_cprofile_d{64,128}.txt.  A configuration of attnlab.measure.engine.
+forward, host_cprofile_d{64,128}.txt.
+
+Phase ``decode`` (only when asked: ``--phases decode``, ~70 s, cap 85 s) re-measures issue
+#32's table: one ``flash_attn_with_kvcache`` call with a (batch,) int32 ``cache_seqlens``
+tensor (and, paged, a ``block_table`` over the same storage in shuffled 16- and 256-token
+pages), bf16, one query, causal, at the issue's five points (32q/8kv d=128: B1 x 4k, B1 x
+128k, B16 x 32k; the seed's 24q/4kv d=256: B1 x 32k, B16 x 128k), against SDPA's cuDNN
+backend.  Per provider and point: the GPU time under CUDA-graph replay (cold L2), the
+eager call back to back (wall time per call: the larger of host and GPU time), and the
+host time of one call issued to an idle GPU.  Writes host_cost_decode.jsonl (records)
+point by point and prints the table.  A configuration of attnlab.measure.engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -313,6 +324,159 @@ def phase_forward(ctx) -> None:
 
 
 bench.phase("fwdbwd", default=False)(phase_fwdbwd)
+
+# ----- issue #32's decode table ----------------------------------------------------------------
+DECODE_POINTS = (  # (batch, keys, query heads, kv heads, head dim): the issue's rows
+    (1, 4096, 32, 8, 128), (1, 131072, 32, 8, 128), (16, 32768, 32, 8, 128),
+    (1, 32768, 24, 4, 256), (16, 131072, 24, 4, 256))
+DECODE_VARIANTS = (("attnlab_decode", None), ("attnlab_decode_paged16", 16),
+                   ("attnlab_decode_paged256", 256))
+
+
+def decode_points(args) -> list:
+    from attnlab.shapes import AttentionShape
+
+    return [AttentionShape(batch=b, query_heads=h, kv_heads=kv, seqlen_q=1, seqlen_k=n,
+                           head_dim=d, dtype="bf16", causal=True)
+            for b, n, h, kv, d in DECODE_POINTS]
+
+
+def decode_call(shape, page_size):
+    """(fn, inputs) of the issue's call: tensor cache_seqlens (all full), maybe paged."""
+    import attnlab
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(shape.batch, 1, shape.query_heads, shape.head_dim, generator=gen,
+                    device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(shape.batch, shape.seqlen_k, shape.kv_heads, shape.head_dim,
+                        generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lengths = torch.full((shape.batch,), shape.seqlen_k, dtype=torch.int32, device="cuda")
+    scale = shape.softmax_scale
+    if page_size is None:
+        return (lambda q, k, v, n: attnlab.flash_attn_with_kvcache(
+            q, k, v, cache_seqlens=n, causal=True, softmax_scale=scale)), (q, k, v, lengths)
+    per_seq = shape.seqlen_k // page_size
+    pages = [t.view(shape.batch * per_seq, page_size, shape.kv_heads, shape.head_dim)
+             for t in (k, v)]
+    order = torch.randperm(shape.batch * per_seq, generator=torch.Generator().manual_seed(0))
+    table = order.view(shape.batch, per_seq).to(torch.int32).cuda()
+
+    def paged(q, k, v, n, table):
+        return attnlab.flash_attn_with_kvcache(q, k, v, cache_seqlens=n, block_table=table,
+                                               causal=True, softmax_scale=scale)
+
+    return paged, (q, *pages, lengths, table)
+
+
+def eager_per_call_us(fn, inputs, gpu_ms: float) -> tuple[float, float]:
+    """(back-to-back wall time per call, host time of one call to an idle GPU), us."""
+    calls = max(10, min(300, int(20.0 / max(gpu_ms, 1e-3))))  # ~20 ms of GPU work a round
+    back_to_back, _ = per_call_us(lambda: fn(*inputs), calls=calls, rounds=5)
+    host, _ = host_latency_us(lambda: fn(*inputs), calls=30)
+    return back_to_back, host
+
+
+@bench.phase("decode", default=False, cap_s=85.0, plan=decode_points)
+def phase_decode(ctx) -> list:
+    """Issue #32's table: GPU (graph replay), eager and host time per call, attnlab vs cuDNN."""
+    import traceback
+
+    from attnlab.measure import records
+    from attnlab.measure.providers import PROVIDERS, ProviderUnavailable, make_inputs, prepare
+    from attnlab.measure.timing import time_call
+
+    env, out = ctx.env, []
+
+    def record(name, shape, metric, p20, p50, p80, repeats, method):
+        return records.make_record(kernel="call", provider=name, phase="decode", shape=shape,
+                                   metric=metric, unit="ms", p20=p20, p50=p50, p80=p80,
+                                   repeats=repeats, env=env, timing_method=method)
+
+    def measure(name, shape, fn, inputs, context=None):
+        timing = time_call(fn, [inputs], warmup=3, flush="l2", cuda_graph=True,
+                           context=context, target_ms=40.0, max_repeats=60)
+        with context() if context is not None else contextlib.nullcontext():
+            eager, host = eager_per_call_us(fn, inputs, timing.p50)
+        rows = [record(name, shape, "latency", timing.p20, timing.p50, timing.p80,
+                       timing.repeats, timing.method),
+                record(name, shape, "eager_call", eager / 1e3, eager / 1e3, eager / 1e3, 5,
+                       "back-to-back calls, wall time per call (median of 5 rounds)"),
+                record(name, shape, "host_latency", host / 1e3, host / 1e3, host / 1e3, 30,
+                       "one call issued to an idle GPU, host time (median of 30)")]
+        print(f"  {name:26s} GPU {timing.p50 * 1e3:8.1f} us  eager {eager:8.1f} us  "
+              f"host {host:6.1f} us", flush=True)
+        return rows
+
+    for shape in ctx.within_budget(ctx.plan, label=lambda s: s.describe()):
+        print(f"== {shape.describe()}", flush=True)
+        first = len(out)
+        for name, page_size in DECODE_VARIANTS:
+            try:
+                fn, inputs = decode_call(shape, page_size)
+                out += measure(name, shape, fn, inputs)
+                attnlab_checks(inputs[0].device)
+            except Exception as error:  # noqa: BLE001 -- recorded, the run goes on
+                traceback.print_exc()
+                out.append(records.skipped_record(provider=name, phase="decode", shape=shape,
+                                                  reason=f"{type(error).__name__}: {error}",
+                                                  env=env))
+            fn = inputs = None
+            torch.cuda.empty_cache()
+        try:
+            prepared = prepare(PROVIDERS["sdpa_cudnn"], shape, "decode", "cuda")
+            inputs = make_inputs(shape, prepared.provider.input_layout, "cuda")
+            out += measure("sdpa_cudnn", shape, prepared.unpinned_call, inputs, prepared.pin)
+        except (ProviderUnavailable, Exception) as error:  # noqa: BLE001 -- recorded
+            out.append(records.skipped_record(provider="sdpa_cudnn", phase="decode", shape=shape,
+                                              reason=f"{type(error).__name__}: {error}", env=env))
+        prepared = inputs = None
+        torch.cuda.empty_cache()
+        ctx.upsert("host_cost_decode.jsonl", out[first:])
+    return out
+
+
+def attnlab_checks(device) -> None:
+    """The measured calls' indices were all in range (the record is empty)."""
+    import attnlab
+
+    attnlab.check_kvcache_indices(device)
+
+
+@bench.finish
+def print_decode_table(ctx) -> None:
+    measured = ctx.results.get("decode")
+    if not measured:
+        return
+    cells: dict[tuple, dict] = {}
+    for r in measured:
+        if r["metric"] == "skipped":
+            continue
+        s = r["shape"]
+        point = (s["query_heads"], s["kv_heads"], s["head_dim"], s["batch"], s["seqlen_k"])
+        cells.setdefault(point, {})[(r["provider"], r["metric"])] = r["p50"] * 1e3
+
+    def cell(row, provider, metric):
+        value = row.get((provider, metric))
+        return "-" if value is None else f"{value:,.1f}"
+
+    print("\none decode call, bf16, tensor cache_seqlens; us (GPU: CUDA-graph replay; eager: "
+          "back to back; host: one call to an idle GPU)")
+    print("point | attnlab GPU | cuDNN GPU | attnlab eager | cuDNN eager | attnlab host | "
+          "cuDNN host | paged 16 / 256 GPU | paged 16 / 256 host | paged/contiguous")
+    for (h, kv, d, b, n), row in cells.items():
+        contiguous = row.get(("attnlab_decode", "latency"))
+        ratios = [contiguous / row[(name, "latency")]
+                  for name, _ in DECODE_VARIANTS[1:] if contiguous and (name, "latency") in row]
+        print(f"{h}q/{kv}kv d={d}, B{b} x {n // 1024}k | {cell(row, 'attnlab_decode', 'latency')} | "
+              f"{cell(row, 'sdpa_cudnn', 'latency')} | {cell(row, 'attnlab_decode', 'eager_call')} | "
+              f"{cell(row, 'sdpa_cudnn', 'eager_call')} | "
+              f"{cell(row, 'attnlab_decode', 'host_latency')} | "
+              f"{cell(row, 'sdpa_cudnn', 'host_latency')} | "
+              f"{cell(row, 'attnlab_decode_paged16', 'latency')} / "
+              f"{cell(row, 'attnlab_decode_paged256', 'latency')} | "
+              f"{cell(row, 'attnlab_decode_paged16', 'host_latency')} / "
+              f"{cell(row, 'attnlab_decode_paged256', 'host_latency')} | "
+              + " / ".join(f"{x:.2f}x" for x in ratios))
 
 if __name__ == "__main__":
     sys.exit(bench.main())

@@ -1,55 +1,220 @@
-"""Which backward tiles ptxas can build, on this machine's Triton, without a GPU.
+"""Which tiles ptxas can build, on this machine's Triton, without a GPU.
 
-    PYTHONPATH=src python3 bench/ptxas_configs.py [--head-dims 16,32] [--candidates]
+    PYTHONPATH=/work/tritons/t3.6.0:src python3 bench/ptxas_configs.py --out OUT.jsonl [--jobs 2]
+        [--head-dims 8,16,...] [--variants plain|pairwise|all] [--candidates]
+        [--kernels triton-forward,triton-backward,gluon-forward,gluon-dkdv]
 
-Compiles both backward kernels for sm_90a (``kernels.backward.compile_for_sm90``) over
-every dtype x causal x softcap x varlen combination, for the tiles ``configs`` chooses
-(and with ``--candidates`` a few others), and prints one line per failure and a count.
-Triton 3.6.0's ptxas dies (SIGSEGV) on some dQ tiles at head_dim 16 and 32 with softcap
-(bench/NOTES.md, B15); the chosen tiles must pass here on every supported Triton.
+Compiles for sm_90a (``kernels/_aot``), for every head dim from 8 to 256 in steps of 8 and
+the odd ones the tests claim (59, 111), every kernel and config the dispatcher can choose
+on sm_90: the Triton forward (``configs.forward_choices``), the Triton dK/dV and dQ
+(``configs.backward_choices``; the dQ kernel also as it feeds the Gluon dK/dV kernel), and
+the Gluon forward and dK/dV kernels at their dispatch tables' configs and defaults.  Each
+config is built in variants of dtype x mask (none / causal / two-sided window) x softcap x
+varlen: ``--variants plain`` the two a plain training call takes (fp16 unmasked, bf16
+causal), ``pairwise`` (default) a covering set with every pair of two factors' values in
+some variant plus the plain causal call, ``all`` all 24.  Builds already in ``--out`` are
+skipped (a stopped sweep resumes).  One JSON line per kernel
+build, flushed as it comes: built or the error, registers, stack bytes and LDL/STL count
+(spills).  The last lines print the failures and the spilling configs.  ``--candidates``
+builds ``CANDIDATES`` (other backward tiles) instead, to find ones that build.
+
+Triton 3.6.0's ptxas died (SIGSEGV) on two-stage dQ tiles at head_dim 16/32 (bench/NOTES.md,
+B15); the chosen configs must pass here on every supported Triton, and a config that fails
+is listed in ``configs.PTXAS_FAILURES`` (tests/test_ptxas_configs.py checks the tables
+never choose one).  About 35 min per Triton for the default sweep on two cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict
 
 import triton
 
-from attnlab.kernels.backward import compile_for_sm90
-from attnlab.kernels.configs import BackwardConfig, backward_config
-from attnlab.shapes import AttentionShape
+from attnlab.kernels.configs import BackwardConfig, backward_choices, forward_choices
 
+HEAD_DIMS = (*range(8, 257, 8), 59, 111)
+MASKS = ("none", "causal", "window")
+# (dtype, mask, softcap, varlen): every pair of two factors' values appears in some row;
+# the last is the plain causal training call.
+PAIRWISE = (("bf16", "none", False, False), ("fp16", "none", True, True),
+            ("bf16", "causal", True, True), ("fp16", "causal", False, False),
+            ("bf16", "window", False, True), ("fp16", "window", True, False),
+            ("bf16", "causal", False, False))
+ALL_VARIANTS = tuple(itertools.product(("bf16", "fp16"), MASKS, (False, True), (False, True)))
+# The two configs a plain training call takes (masked and not), in one dtype each.
+PLAIN = (("fp16", "none", False, False), ("bf16", "causal", False, False))
+VARIANTS = {"plain": PLAIN, "pairwise": PAIRWISE, "all": ALL_VARIANTS}
+KERNELS = ("triton-forward", "triton-backward", "gluon-forward", "gluon-dkdv")
 CANDIDATES = (BackwardConfig(64, 128, 128, 64, 8, 2), BackwardConfig(64, 128, 128, 128, 8, 2),
               BackwardConfig(64, 128, 128, 64, 8, 1), BackwardConfig(64, 128, 128, 64, 4, 2),
-              BackwardConfig(64, 64, 64, 64, 4, 2))
+              BackwardConfig(64, 64, 64, 64, 4, 2), BackwardConfig(32, 64, 64, 32, 4, 1),
+              BackwardConfig(32, 64, 64, 64, 8, 1))
+
+
+def triton_tasks(kernels, head_dims, variants, candidates: bool) -> list[tuple]:
+    """(kernel, head_dim, config, variant options) of each Triton kernel build."""
+    tasks = []
+    for head_dim, (dtype, mask, softcap, varlen) in itertools.product(head_dims, variants):
+        options = dict(dtype=dtype, causal=mask == "causal", window=mask == "window",
+                       softcap=softcap, varlen=varlen)
+        masked = mask != "none"
+        if "triton-backward" in kernels:
+            configs = CANDIDATES if candidates else backward_choices(head_dim, masked)
+            for config, name in itertools.product(configs, ("dkdv", "dq")):
+                tasks.append((f"triton-{name}", head_dim, config, options))
+            # The dQ kernel writes LSE in log2 units where the Gluon dK/dV kernel runs.
+            if head_dim in (64, 128) and mask != "window" and not (softcap or varlen):
+                for config in configs:
+                    tasks.append(("triton-dq", head_dim, config,
+                                  dict(options, write_lse_log2=True)))
+        if "triton-forward" in kernels and not candidates:
+            for config in forward_choices(head_dim, masked):
+                tasks.append(("triton-forward", head_dim, config, options))
+                if (dtype, mask, softcap, varlen) == variants[-1]:  # 64-bit tile offsets
+                    tasks.append(("triton-forward", head_dim, config,
+                                  dict(options, offsets_64=True)))
+    return tasks
+
+
+def gluon_tasks(kernels, head_dims) -> list[tuple]:
+    """The Gluon kernels at every config their tables and defaults name."""
+    from attnlab.kernels._compat import gluon_refusal
+
+    if gluon_refusal() is not None:
+        print(f"Gluon kernels skipped: {gluon_refusal()}", flush=True)
+        return []
+    from attnlab.kernels import backward_sm90, forward_sm90
+    from attnlab.kernels.dispatch import DKDV_SM90, FORWARD_SM90
+
+    tasks = []
+    for name, module, table in (("gluon-forward", forward_sm90, FORWARD_SM90.table()),
+                                ("gluon-dkdv", backward_sm90, DKDV_SM90.table())):
+        if name not in kernels:
+            continue
+        chosen = {(d, c, config) for (d, c, _), config in table.items()}
+        chosen |= {(d, c, config) for d, config in module.DEFAULT_CONFIGS.items()
+                   for c in (False, True)}
+        for (head_dim, causal, config), dtype in itertools.product(sorted(chosen, key=str),
+                                                                   ("bf16", "fp16")):
+            if head_dim in head_dims:
+                tasks.append((name, head_dim, config, dict(dtype=dtype, causal=causal)))
+    return tasks
+
+
+def build_row(task: tuple) -> dict:
+    """What a build's JSON line says of the build itself."""
+    kernel, head_dim, config, options = task
+    return {"triton": triton.__version__, "kernel": kernel, "head_dim": head_dim,
+            "config": {"type": type(config).__name__, **asdict(config)}, **options}
+
+
+def _key(row: dict) -> str:
+    return json.dumps({k: v for k, v in row.items() if k in _BUILD_FIELDS or k in (
+        "write_lse_log2", "offsets_64")}, sort_keys=True)
+
+
+_BUILD_FIELDS = ("triton", "kernel", "head_dim", "config", "dtype", "causal", "window",
+                 "softcap", "varlen")
+
+
+def _read_rows(path: str) -> list[dict]:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def build(task: tuple) -> dict:
+    """One kernel build's JSON line."""
+    from attnlab.kernels import backward, forward
+    from attnlab.kernels._aot import resource_usage
+
+    kernel, head_dim, config, options = task
+    row = build_row(task)
+    start = time.perf_counter()
+    try:
+        if kernel == "triton-forward":
+            compiled = forward.compile_for_sm90(head_dim, config, **options)
+        elif kernel in ("triton-dkdv", "triton-dq"):
+            compiled, = backward.compile_for_sm90(head_dim, config, **options,
+                                                  kernels=(kernel.removeprefix("triton-"),))
+        elif kernel == "gluon-forward":
+            from attnlab.kernels import forward_sm90
+            compiled = forward_sm90.compile_for_sm90(head_dim, config, **options)
+        else:
+            from attnlab.kernels import backward_sm90
+            compiled = backward_sm90.compile_for_sm90(head_dim, config, **options)
+    except Exception as error:  # ptxas's crash is a PTXASError; record any failure
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        return {**row, "built": False, "error": f"{type(error).__name__}: {first_line}"[:300],
+                "seconds": round(time.perf_counter() - start, 1)}
+    return {**row, "built": True, **(resource_usage(compiled.asm["cubin"]) or {}),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """The failures, then per (kernel, head dim, config) the worst spill seen."""
+    lines = [f"FAIL {r['kernel']} d={r['head_dim']} {r['config']} "
+             f"{ {k: v for k, v in r.items() if k in ('dtype', 'causal', 'window', 'softcap', 'varlen')} }"
+             f": {r['error']}" for r in rows if not r["built"]]
+    worst: dict[tuple, dict] = {}
+    for r in rows:
+        if r["built"] and r.get("local_memory_ops"):
+            key = (r["kernel"], r["head_dim"], json.dumps(r["config"]))
+            if r["local_memory_ops"] > worst.get(key, {}).get("local_memory_ops", 0):
+                worst[key] = r
+    lines.append(f"{'kernel':<15} {'d':>4} {'LDL/STL':>8} {'stack B':>8}  config")
+    for (kernel, head_dim, config), r in sorted(worst.items()):
+        lines.append(f"{kernel:<15} {head_dim:>4} {r['local_memory_ops']:>8} "
+                     f"{r['stack_bytes']:>8}  {config}")
+    built = sum(r["built"] for r in rows)
+    lines.append(f"triton {triton.__version__}: {built} of {len(rows)} built, "
+                 f"{len(worst)} (kernel, head dim, config) spill")
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--head-dims", default="16,32,64,128,256")
+    parser.add_argument("--out", required=True, help="JSON lines file (appended)")
+    parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
+    parser.add_argument("--kernels", default=",".join(KERNELS))
+    parser.add_argument("--variants", choices=tuple(VARIANTS), default="pairwise")
     parser.add_argument("--candidates", action="store_true")
+    parser.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args()
-    print(f"triton {triton.__version__}")
-    failures = total = 0
-    for head_dim in (int(d) for d in args.head_dims.split(",")):
-        for causal in (False, True):
-            shape = AttentionShape(head_dim=head_dim, causal=causal, seqlen_q=4096, seqlen_k=4096)
-            configs = CANDIDATES if args.candidates else (backward_config(shape),)
-            for config, dtype, softcap, varlen in itertools.product(
-                    configs, ("bf16", "fp16"), (False, True), (False, True)):
-                total += 1
-                try:
-                    compile_for_sm90(head_dim, config, dtype=dtype, causal=causal,
-                                     softcap=softcap, varlen=varlen)
-                except Exception as error:  # ptxas's crash is a PTXASError; print any
-                    failures += 1
-                    print(f"FAIL d={head_dim} causal={causal} {config} {dtype} "
-                          f"softcap={softcap} varlen={varlen}: {type(error).__name__}",
-                          flush=True)
-    print(f"{total - failures} of {total} built")
-    return 1 if failures else 0
+    head_dims = tuple(int(d) for d in args.head_dims.split(","))
+    kernels = tuple(args.kernels.split(","))
+    unknown = set(kernels) - set(KERNELS)
+    if unknown:
+        parser.error(f"--kernels must name some of {', '.join(KERNELS)}, got {sorted(unknown)}")
+    tasks = triton_tasks(kernels, head_dims, VARIANTS[args.variants], args.candidates)
+    if not args.candidates:
+        tasks += gluon_tasks(kernels, head_dims)
+    # A build already in --out (this Triton's, same options) is not redone: a sweep
+    # stopped halfway resumes where it was.
+    rows = [r for r in _read_rows(args.out) if r["triton"] == triton.__version__]
+    done_keys = {_key(r) for r in rows}
+    tasks = [t for t in tasks if _key(build_row(t)) not in done_keys]
+    print(f"triton {triton.__version__}: {len(tasks)} builds ({len(rows)} already in "
+          f"{args.out})", flush=True)
+    with open(args.out, "a") as out, ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for done in as_completed([pool.submit(build, task) for task in tasks]):
+            row = done.result()
+            rows.append(row)
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            if not row["built"]:
+                print(f"FAIL {row['kernel']} d={row['head_dim']}: {row['error']}", flush=True)
+    print("\n".join(summary(rows)))
+    return 1 if not all(r["built"] for r in rows) else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -1,13 +1,20 @@
 """The README's performance tables, from the committed records alone (no GPU).
 
     python3 bench/readme_tables.py            # print every table
-    python3 bench/readme_tables.py forward    # one of: forward, fwdbwd, decode, varlen
+    python3 bench/readme_tables.py forward    # one of: forward, fwdbwd, decode, varlen,
+                                              # seed_prefill, seed_decode
+    python3 bench/readme_tables.py --results $OUT/seed seed_prefill seed_decode
 
 Each table names the records file it reads; tests/test_docs.py asks that the README
-holds exactly these tables, so every number there comes from a record.  Ratios are
-time ratios against cuDNN (> 1x: attnlab faster).  Forward TFLOP/s count
+holds exactly the ``TABLES`` tables, so every number there comes from a record.  Ratios
+are time ratios against cuDNN (> 1x: attnlab faster).  Forward TFLOP/s count
 4·B·H·N²·d, halved when causal; forward + backward 3.5x that; decode counts K/V
 bytes read per second; varlen counts the real tokens only.
+
+The seed's tables (``SEED_TABLES``, from ``bench/seed_h200.py``'s records) name the
+fastest peer at each point (FA4, FlashInfer, cuDNN, FA2, Flex: any measured provider
+that is neither attnlab nor eager) and attnlab's time ratio to it; they join
+``TABLES`` once their records are committed and the README holds them.
 """
 
 from __future__ import annotations
@@ -112,21 +119,93 @@ def varlen_table() -> list[str]:
     return lines
 
 
+# ----- the seed's comparison (bench/seed_h200.py) --------------------------------------------
+SEED_SOURCES = {"seed_prefill": ("seed_prefill.jsonl",),
+                "seed_decode": ("seed_decode_b1.jsonl", "seed_decode_b16.jsonl")}
+SEED_PEERS = {"sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2", "fa4": "FA4", "flashinfer": "FlashInfer",
+              "flex": "Flex", "fa4_paged16": "FA4 paged", "flashinfer_paged16": "FlashInfer paged"}
+SEED_COLUMNS = {
+    "seed_prefill": (("eager_typical", "eager"), ("sdpa_cudnn", "cuDNN"), ("sdpa_flash", "FA2"),
+                     ("fa4", "FA4"), ("flashinfer", "FlashInfer"), ("attnlab", "attnlab")),
+    "seed_decode": (("eager_typical", "eager"), ("sdpa_cudnn", "cuDNN"), ("sdpa_flash", "FA2"),
+                    ("fa4", "FA4"), ("flashinfer", "FlashInfer"), ("attnlab_decode", "attnlab"),
+                    ("fa4_paged16", "FA4 p16"), ("flashinfer_paged16", "FlashInfer p16"),
+                    ("attnlab_decode_paged16", "attnlab p16")),
+}
+
+
+def fastest_peer(row: dict, paged: bool = False) -> tuple[str, dict] | None:
+    """(label, record) of the fastest measured peer at one point: a provider that is
+    neither attnlab nor eager, among the contiguous ones or the 16-token paged ones."""
+    peers = [(SEED_PEERS[name], r) for name, r in row.items()
+             if name in SEED_PEERS and name.endswith("_paged16") == paged]
+    return min(peers, key=lambda peer: peer[1]["p50"], default=None)
+
+
+def _us(record: dict | None) -> str:
+    return "–" if record is None else f"{record['p50'] * 1e3:.1f}"
+
+
+def seed_table(name: str, results: Path = RESULTS) -> list[str]:
+    """µs per call per provider at each point, the fastest peer and attnlab's ratio to it
+    (> 1×: attnlab faster); decode adds the 16-token paged comparison."""
+    rows: dict[tuple, dict] = defaultdict(dict)
+    for source in SEED_SOURCES[name]:
+        for r in _latency(load_records(results / source)):
+            rows[(r["shape"]["batch"], r["shape"]["seqlen_k"])][r["provider"]] = r
+    columns = SEED_COLUMNS[name]
+    decode = name == "seed_decode"
+    head = ["batch × cache" if decode else "N", *(label for _, label in columns),
+            "fastest peer", "attnlab vs it"]
+    if decode:
+        head += ["fastest paged peer", "attnlab p16 vs it"]
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for (batch, seqlen), row in sorted(rows.items()):
+        cells = [f"{batch} × {seqlen}" if decode else str(seqlen),
+                 *(_us(row.get(provider)) for provider, _ in columns)]
+        pairs = [(False, "attnlab_decode" if decode else "attnlab")]
+        if decode:
+            pairs.append((True, "attnlab_decode_paged16"))
+        for paged, ours_name in pairs:
+            peer, ours = fastest_peer(row, paged), row.get(ours_name)
+            cells += [peer[0] if peer else "–",
+                      _ratio(peer[1], ours) if peer and ours else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+SEED_TABLES = {"seed_prefill": lambda: seed_table("seed_prefill"),
+               "seed_decode": lambda: seed_table("seed_decode")}
+
+
 TABLES = {"forward": lambda: training_table("forward"),
           "fwdbwd": lambda: training_table("fwdbwd"),
           "decode": decode_table, "varlen": varlen_table}
 
 
 def main(argv: list[str]) -> int:
+    every = {**TABLES, **SEED_TABLES}
+    results = RESULTS
+    if argv[:1] == ["--results"]:  # a run's own folder, before its records are committed
+        if len(argv) < 2:
+            print("--results needs a folder of records", file=sys.stderr)
+            return 2
+        results, argv = Path(argv[1]), argv[2:]
     names = argv or list(TABLES)
-    unknown = [n for n in names if n not in TABLES]
+    unknown = [n for n in names if n not in every]
     if unknown:
-        print(f"unknown table {unknown[0]!r}; expected one of {', '.join(TABLES)}",
+        print(f"unknown table {unknown[0]!r}; expected one of {', '.join(every)}",
               file=sys.stderr)
         return 2
     for name in names:
-        print(f"<!-- {name}: bench/results/{SOURCES[name]} -->")
-        print("\n".join(TABLES[name]()))
+        sources = SEED_SOURCES.get(name) or (SOURCES[name],)
+        try:
+            table = seed_table(name, results) if name in SEED_TABLES else every[name]()
+        except ValueError as error:  # records missing or unreadable: one line, no traceback
+            print(f"readme_tables: {name}: {error}", file=sys.stderr)
+            return 2
+        print(f"<!-- {name}: {', '.join(f'bench/results/{s}' for s in sources)} -->")
+        print("\n".join(table))
         print()
     return 0
 

@@ -1,6 +1,7 @@
-"""A real training check: a tiny GPT trained with attnlab attention and with SDPA.
+"""A real training check: a tiny GPT and a Qwen3-shaped model trained with attnlab and SDPA.
 
     PYTHONPATH=src python3 bench/train_check_h200.py --out $OUT [--steps 200]
+    PYTHONPATH=src python3 bench/train_check_h200.py --out $OUT --phases qwen3 [--quick]
 
 A 4-layer byte-level decoder (d_model 256, 4 heads of 64, context 256, random init)
 learns the source text of a few Python standard-library modules (shipped with every
@@ -10,8 +11,21 @@ within the spread of SDPA against itself.  Attention runs in bf16 (q, k, v cast 
 the fp32 model); everything else is fp32.
 
 Writes ``train_check.jsonl`` (one line per run and step, then a summary line) and
-``train_check.png`` into --out.  About a minute on the H200.  A configuration of
-attnlab.measure.engine (one phase, ``train``).
+``train_check.png`` into --out.  About a minute on the H200.
+
+Phase ``qwen3`` (only when asked): the seed's model shape in transformers -- a
+Qwen3ForCausalLM (random init, byte vocabulary) with 24 query / 4 KV heads of head dim
+256, bf16 autocast over fp32 weights, AdamW at a fixed data order -- trained with
+``attn_implementation="attnlab"`` (init seed 0) and ``"sdpa"`` (init seeds 0 and 1).
+attnlab passes when its loss at every step stays within SDPA's seed-to-seed spread (the
+largest |loss_sdpa0 - loss_sdpa1| after the first step) and its first-step loss, same
+init as SDPA's seed 0, differs from it by less than a percent.  The step time (median of
+synchronised steps after two warm-up ones) is recorded beside SDPA's.  ``--quick``: 2
+layers (hidden 1024), 2 x 2048 tokens, 10 steps, about a minute with the d = 256
+kernels' compiles;
+otherwise 4 layers, 4 x 4096 tokens, 30 steps.  Writes ``train_check_qwen3.jsonl`` (one
+line per run and step, a record per provider's step time, then a summary line).
+A configuration of attnlab.measure.engine (phases ``train``, ``qwen3``).
 """
 
 from __future__ import annotations
@@ -185,6 +199,114 @@ def train_check(ctx) -> None:
         print(f"plot failed: {error}", flush=True)
     ctx.fail(not summary.get("passed"))
 
+
+QWEN3_SHAPES = {  # (layers, hidden, intermediate, batch, seqlen, steps)
+    "quick": (2, 1024, 3072, 2, 2048, 10),
+    "full": (4, 2048, 6144, 4, 4096, 30),
+}
+
+
+def train_qwen3(attn_implementation: str, init_seed: int, data: torch.Tensor, *, layers: int,
+                hidden: int, intermediate: int, batch: int, seqlen: int,
+                steps: int) -> tuple[list[float], list[float]]:
+    """(loss per step, seconds per step) of a Qwen3-shaped model (24q/4kv, head dim 256)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=256, hidden_size=hidden, intermediate_size=intermediate,
+                         num_hidden_layers=layers, num_attention_heads=24,
+                         num_key_value_heads=4, head_dim=256, max_position_embeddings=seqlen,
+                         tie_word_embeddings=False)
+    torch.manual_seed(init_seed)
+    model = Qwen3ForCausalLM(config).cuda()
+    model.config._attn_implementation = attn_implementation
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    data_order = torch.Generator().manual_seed(1234)  # the same batches for every run
+    losses, seconds = [], []
+    for _ in range(steps):
+        starts = torch.randint(0, data.numel() - seqlen - 1, (batch,), generator=data_order)
+        tokens = torch.stack([data[s:s + seqlen] for s in starts.tolist()]).cuda()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=tokens, labels=tokens).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+        losses.append(loss.item())
+        if not math.isfinite(losses[-1]):
+            raise RuntimeError(f"loss became {losses[-1]} at step {len(losses) - 1}")
+    return losses, seconds
+
+
+@bench.phase("qwen3", default=False, cap_s=300.0)
+def qwen3_check(ctx) -> None:
+    """The seed's model shape in transformers: attnlab vs SDPA's seed-to-seed spread."""
+    import statistics
+
+    import attnlab.integrations.transformers as attnlab_hf
+    from attnlab.measure.records import make_record
+    from attnlab.shapes import AttentionShape
+
+    attnlab_hf.register()
+    layers, hidden, intermediate, batch, seqlen, steps = QWEN3_SHAPES[
+        "quick" if ctx.args.quick else "full"]
+    sizes = dict(layers=layers, hidden=hidden, intermediate=intermediate, batch=batch,
+                 seqlen=seqlen, steps=steps)
+    data = corpus_bytes()
+    shape = AttentionShape(batch=batch, query_heads=24, kv_heads=4, seqlen_q=seqlen,
+                           seqlen_k=seqlen, head_dim=256, dtype="bf16", causal=True)
+    runs, times = {}, {}
+    for name, implementation, seed in (("attnlab_seed0", "attnlab", 0),
+                                       ("sdpa_seed0", "sdpa", 0), ("sdpa_seed1", "sdpa", 1)):
+        if ctx.spent():
+            ctx.unmeasured([name])
+            continue
+        started = time.time()
+        try:
+            runs[name], times[name] = train_qwen3(implementation, seed, data, **sizes)
+        except Exception as error:  # noqa: BLE001 - record the failure, run the others
+            print(f"{name} failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+            ctx.append_row("train_check_qwen3.jsonl", {"what": "qwen3_run_failed", "run": name,
+                                                       "error": str(error)[:500], **sizes})
+            continue
+        step_s = statistics.median(times[name][2:])
+        for step, (loss, took) in enumerate(zip(runs[name], times[name], strict=True)):
+            ctx.append_row("train_check_qwen3.jsonl", {"what": "qwen3_train_loss", "run": name,
+                                                       "step": step, "loss": loss,
+                                                       "seconds": took, **sizes})
+        provider = "attnlab" if implementation == "attnlab" else f"sdpa_seed{seed}"
+        fifths = statistics.quantiles(times[name][2:], n=5, method="inclusive")
+        ctx.upsert("train_check_qwen3_records.jsonl", [make_record(
+            kernel=f"qwen3 train step ({layers} layers, hidden {hidden})", provider=provider,
+            phase="fwdbwd", shape=shape.as_dict(), metric="step_time", unit="ms",
+            p20=1e3 * fifths[0], p50=1e3 * step_s, p80=1e3 * fifths[3],
+            repeats=len(times[name]) - 2, env=ctx.env)])
+        print(f"{name}: loss {runs[name][0]:.4f} -> {runs[name][-1]:.4f}, step "
+              f"{1e3 * step_s:.1f} ms ({time.time() - started:.1f} s with compiles)", flush=True)
+    summary = {"what": "qwen3_train_check_summary", **sizes, **ctx.env}
+    if {"attnlab_seed0", "sdpa_seed0", "sdpa_seed1"} <= runs.keys():
+        ours, same, other = (runs[n] for n in ("attnlab_seed0", "sdpa_seed0", "sdpa_seed1"))
+        gaps = [abs(a - b) for a, b in zip(ours, same, strict=True)]
+        spread = max(abs(a - b) for a, b in zip(same[1:], other[1:], strict=True))
+        first = gaps[0] / abs(same[0])
+        step_ratio = statistics.median(times["attnlab_seed0"][2:]) / statistics.median(
+            times["sdpa_seed0"][2:])
+        passed = max(gaps[1:]) <= spread and first < 0.01
+        summary.update(max_gap_attnlab_vs_sdpa=max(gaps[1:]), seed_spread_sdpa=spread,
+                       first_step_relative_gap=first, step_time_ratio_vs_sdpa=step_ratio,
+                       final_loss={n: runs[n][-1] for n in runs}, passed=passed)
+        print(f"loss gap attnlab vs SDPA (same init) max {max(gaps[1:]):.4f}, first step "
+              f"{first:.2e} relative; SDPA seed 0 vs 1: {spread:.4f}; step time "
+              f"{step_ratio:.2f}x SDPA's -> {'PASS' if passed else 'FAIL'}", flush=True)
+    else:
+        summary.update(passed=False, error="a run failed or the budget ran out; see the log")
+    ctx.append_row("train_check_qwen3.jsonl", summary)
+    ctx.fail(not summary.get("passed"))
+
+
+bench.option("--quick", action="store_true", help="qwen3: 2 layers, 2 x 2048 tokens, 10 steps")
 
 if __name__ == "__main__":
     sys.exit(bench.main())

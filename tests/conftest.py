@@ -1,5 +1,6 @@
 """Shared test settings."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -50,3 +51,59 @@ def captured_replay():
         torch.cuda.synchronize()
         return out
     return run
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load_bench_script(name: str):
+    """A bench script as a module (bench/ on sys.path: forward_h200 imports backward_h200)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    key = f"bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # before it runs: its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+@pytest.fixture
+def bench_script():
+    """``bench_script(name)``: bench/<name>.py loaded as a module."""
+    return load_bench_script
+
+
+# The ways of reading a tensor's values on the host (tests/test_decode.py, test_fp8.py).
+VALUE_READS = ("item", "tolist", "cpu", "numpy", "to", "__bool__", "__int__", "__float__",
+               "__index__")
+
+
+@pytest.fixture
+def no_value_reads(monkeypatch):
+    """Inside the ``with`` block every way of reading a tensor's values on the host raises,
+    and the planned launches only count (Triton's interpreter would read the values it
+    runs on): what the call itself does before its kernels."""
+    import contextlib
+
+    import torch
+
+    from attnlab.kernels import _launch
+
+    launched = []
+
+    def refuse(name):
+        def read(self, *args, **kwargs):
+            raise AssertionError(f"the call read a tensor's values on the host ({name})")
+        return read
+
+    @contextlib.contextmanager
+    def guard():
+        with monkeypatch.context() as m:
+            m.setattr(_launch.PlannedLaunch, "__call__",
+                      lambda self, *args: launched.append(self.launcher.kernel.fn.__name__))
+            for name in VALUE_READS:
+                m.setattr(torch.Tensor, name, refuse(name))
+            yield launched
+    return guard

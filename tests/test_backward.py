@@ -657,6 +657,53 @@ def test_gpu_triton_ops_pass_opcheck(layout):
 
 # Variants whose dQ kernel Triton 3.6.0's ptxas could not build with the old two-stage
 # tiles at head dims 16/32 (SIGSEGV; bench/ptxas_configs.py): the chosen tiles must build.
+# The every-head-dim grid's wait, compiles included: ~60-120 s expected on the H200 host.
+GRID_SECONDS = 180
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_gradient_grid_every_head_dim():
+    # Every head dim 8..256 (step 8, and 59, 111) x bf16/fp16 x causal/full x MHA/GQA/MQA at
+    # lengths 1/77/199, one head dim per spawned process (tests/gradient_grid.py: the
+    # compiles are what take the time).  With $OUT set, one JSON line per case lands in
+    # $OUT/gpu_gradient_grid.jsonl as each head dim finishes.
+    import json
+    import multiprocessing
+    import os
+    import time
+    from concurrent.futures import ProcessPoolExecutor, TimeoutError, as_completed
+    from pathlib import Path
+
+    import gradient_grid
+
+    out = Path(os.environ["OUT"]) / "gpu_gradient_grid.jsonl" if os.environ.get("OUT") else None
+    workers = max(1, min(15, (os.cpu_count() or 2) - 1, len(gradient_grid.HEAD_DIMS)))
+    start, rows, unfinished = time.monotonic(), [], set(gradient_grid.HEAD_DIMS)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    futures = {pool.submit(gradient_grid.check_head_dim, i): d
+               for i, d in enumerate(gradient_grid.HEAD_DIMS)}
+    try:
+        for done in as_completed(futures, timeout=GRID_SECONDS):
+            head_rows = done.result()
+            unfinished.discard(futures[done])
+            rows += head_rows
+            if out is not None:
+                with out.open("a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in head_rows)
+            print(f"d={futures[done]}: {sum(r['passed'] for r in head_rows)}/{len(head_rows)} "
+                  f"at {time.monotonic() - start:.0f} s", flush=True)
+    except TimeoutError:
+        pass
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    failed = [r for r in rows if not r["passed"]]
+    assert not unfinished, f"head dims not finished in time: {sorted(unfinished)}"
+    assert not failed, failed[:5]
+    assert len(rows) == 2 * 4 * 3 * len(gradient_grid.HEAD_DIMS)
+    print(f"{len(rows)} cases, {workers} processes, {time.monotonic() - start:.0f} s")
+
+
 PTXAS_CRASHED = [  # head_dim, causal, dtype, softcap, varlen
     (16, False, "bf16", True, False), (16, True, "bf16", False, False),
     (16, True, "fp16", False, True), (32, False, "fp16", True, True),

@@ -13,7 +13,7 @@ end to end under TRITON_INTERPRET=1 on a tiny shape.
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +30,8 @@ BENCH = ROOT / "bench"
 # Every bench script that is a configuration of the engine.  The two table writers
 # (forward_table.py, sm90_dispatch_table.py) read committed records and run no phases.
 SCRIPTS = ("backward_h200", "decode_h200", "forward_h200", "h200_measure", "host_cost_h200",
-           "racecheck_probe", "ring_h200", "sanitize_h200", "sdpa_route_check", "sm90_h200",
-           "train_check_h200", "varlen_h200")
+           "racecheck_probe", "ring_h200", "sanitize_h200", "sdpa_route_check", "seed_h200",
+           "serving_h200", "sm90_h200", "train_check_h200", "varlen_h200")
 
 
 class Clock:
@@ -261,22 +261,11 @@ def test_a_phase_registered_twice_is_refused():
 
 
 # ----- (b) the bench scripts -------------------------------------------------------------------
-def load_script(name: str):
-    """A bench script as a module (bench/ on sys.path: forward_h200 imports backward_h200)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    key = f"bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, BENCH / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module  # before it runs: its dataclasses look their module up
-        spec.loader.exec_module(module)
-    return sys.modules[key]
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_every_script_lists_its_phases_and_builds_every_plan_without_cuda(name, capsys):
-    bench = load_script(name).bench
+def test_every_script_lists_its_phases_and_builds_every_plan_without_cuda(bench_script, name, capsys):
+    bench = bench_script(name).bench
     assert bench.phases, f"{name} registers no phase"
     assert bench.main(["--list"]) == 0
     listing = capsys.readouterr().out
@@ -294,18 +283,23 @@ PLAN_VARIANTS = [
     ("backward_h200", ["--providers", "flex", "--flex", "all", "--shapes", "Nq=1024,d=64"]),
     ("backward_h200", ["--tune-seqlens", "4096,1024", "--tune-heads", "128,64"]),
     ("decode_h200", ["--quick"]),
+    ("serving_h200", ["--quick"]),
+    ("decode_h200", ["--phases", "paged_sweep"]),
+    ("host_cost_h200", ["--phases", "decode"]),
     ("sm90_h200", ["--quick"]),
     ("sm90_h200", ["--head-dims", "128,256,64", "--schedules", "split", "--rescales",
                    "late,early", "--stores", "direct,vector"]),
     ("sanitize_h200", ["--racecheck"]),
     ("sanitize_h200", ["--only", "backward_sm90"]),
     ("varlen_h200", ["--quick", "--no-flex", "--mixes", "b"]),
+    ("seed_h200", ["--quick", "--flex"]),
+    ("seed_h200", ["--providers", "fa4,flashinfer_paged16", "--phases", "decode_b16"]),
 ]
 
 
 @pytest.mark.parametrize("name, argv", PLAN_VARIANTS)
-def test_plan_variants_build(name, argv):
-    bench = load_script(name).bench
+def test_plan_variants_build(bench_script, name, argv):
+    bench = bench_script(name).bench
     plans = bench.plans(bench.parse(argv))
     assert any(plans.values()), (name, argv)
 
@@ -318,9 +312,10 @@ def test_plan_variants_build(name, argv):
     ("varlen_h200", ["--providers", "attnlab_varlen,xformers"], "unknown provider 'xformers'"),
     ("varlen_h200", ["--mixes", "a,d"], "--mixes must be comma-separated from a, b, c"),
     ("ring_h200", ["--phases", "prefill,train"], "unknown phase 'train'"),
+    ("seed_h200", ["--providers", "fa4,fa9"], "unknown provider 'fa9'"),
 ])
-def test_a_script_refuses_a_bad_option_in_one_line(name, argv, message, capsys, tmp_path):
-    bench = load_script(name).bench
+def test_a_script_refuses_a_bad_option_in_one_line(bench_script, name, argv, message, capsys, tmp_path):
+    bench = bench_script(name).bench
     assert bench.main([*argv, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
@@ -396,3 +391,19 @@ def test_check_case_records_each_case_at_once_and_counts_failures(tmp_path, caps
     written = [json.loads(line) for line in (tmp_path / "correctness.jsonl").read_text().splitlines()]
     assert [r["what"] for r in written] == ["fine", "wrong", "crash"]
     assert "FAIL crash: RuntimeError: boom" in capsys.readouterr().err  # engine.say: stderr
+
+
+@pytest.mark.slow
+def test_the_serving_bench_runs_its_whole_path_on_a_toy_model(tmp_path, bench_script):
+    """generate timing, the step profile and the greedy check, on a CPU toy model."""
+    pytest.importorskip("transformers")
+    bench = bench_script("serving_h200").bench
+    out = tmp_path / "serving"
+    assert bench.main(["--device", "cpu", "--tiny", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "serving.jsonl").read_text().splitlines()]
+    measured = {(r["batch"], r["provider"]) for r in rows if "time_per_token_ms" in r}
+    assert measured == {(b, p) for b in (1, 2) for p in ("sdpa", "attnlab", "eager")}
+    judged = [r for r in rows if r["provider"] in ("attnlab", "eager")]
+    assert all(r["greedy"]["mismatches"] == 0 and r["greedy"]["steps"] for r in judged)
+    assert all(r["attention_ms"] > 0 for r in rows if "time_per_token_ms" in r)
+

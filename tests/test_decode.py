@@ -8,6 +8,7 @@ CUDA-graph capture).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -17,13 +18,8 @@ import attnlab
 from attention_inputs import paged_copy
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels.configs import decode_config
-from attnlab.kernels.decode import (
-    MAX_SPLITS,
-    choose_num_splits,
-    flash_decode,
-    launch_plan,
-    wave_efficiency,
-)
+from attnlab.kernels.decode import flash_decode, launch_plan
+from attnlab.kernels.dispatch import MAX_SPLITS, choose_num_splits, wave_efficiency
 from attnlab.kernels.forward import kernel_is_interpreted
 from attnlab.reference import merge_states as reference_merge_states
 from attnlab.reference import split_kv
@@ -165,6 +161,34 @@ def test_paged_cache_equals_contiguous(page_size):
     for b, length in enumerate(lengths.tolist()):
         check_dense(paged[b:b + 1], p_lse[b:b + 1], q[b:b + 1], k_cache[b:b + 1, :length],
                     v_cache[b:b + 1, :length], causal=True)
+
+
+@runs_kernels
+@pytest.mark.parametrize("page_size", [16, 32, 48, 64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_both_paged_load_forms_equal_the_contiguous_cache(page_size, causal):
+    """DecodeConfig.paged_loads: the per-page candidate (one scalar base per tile inside a
+    page, the table read once per tile across pages, per-key where a page does not divide
+    the tile) gives the contiguous cache's bits, and still flags a bad entry."""
+    from attnlab.kernels.configs import INTERPRETER_DECODE_CONFIG
+
+    batch, heads, kv_heads, dim, capacity = 3, 4, 2, 32, 200
+    q = randn(batch, 2, heads, dim, seed=50)
+    k_cache, v_cache = randn(batch, capacity, kv_heads, dim, seed=51), \
+        randn(batch, capacity, kv_heads, dim, seed=52)
+    lengths = torch.tensor([200, 97, 33], dtype=torch.int32, device=DEVICE)
+    (k_pages, table), (v_pages, _) = (paged_copy(c, page_size, seed=6) for c in (k_cache, v_cache))
+    options = dict(scale=0.2, causal=causal, cache_seqlens=lengths, num_splits=3)
+    contiguous = flash_decode(q, k_cache, v_cache, **options)
+    for loads in ("per_key", "per_page"):
+        config = dataclasses.replace(INTERPRETER_DECODE_CONFIG, paged_loads=loads)
+        paged = flash_decode(q, k_pages, v_pages, block_table=table, config=config, **options)
+        assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
+    table[1, 1] = k_pages.shape[0]  # a page sequence 1 (97 keys) uses at every size
+    out, _ = flash_decode(q, k_pages, v_pages, block_table=table, config=config, **options)
+    assert torch.isnan(out[1]).all() and torch.equal(out[0], contiguous[0][0])
+    with pytest.raises(ValueError, match=rf"block_table\[1, 1\] = {k_pages.shape[0]}"):
+        attnlab.check_kvcache_indices(DEVICE)
 
 
 @runs_kernels
@@ -337,6 +361,174 @@ def test_reference_impl_matches_the_kernel():
     assert attnlab.last_impl() == "reference"
     assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
     torch.testing.assert_close(outs[0], outs[1], atol=2e-3, rtol=0)
+
+
+# ----- index tensors: checked on the device, never read on the host --------------------------
+def _serving_call(paged: bool, append: bool, rotary: bool, extra: dict | None = None):
+    """A decode step as a server makes it: tensor cache_seqlens, maybe pages, append, rotary."""
+    batch, heads, kv_heads, dim, capacity = 3, 8, 2, 64, 96
+    q = randn(batch, 1, heads, dim, seed=40)
+    k_cache, v_cache = randn(batch, capacity, kv_heads, dim, seed=41), \
+        randn(batch, capacity, kv_heads, dim, seed=42)
+    options = dict(cache_seqlens=torch.tensor([5, 90, 0], dtype=torch.int32, device=DEVICE),
+                   causal=True, return_softmax_lse=True, impl="triton", **(extra or {}))
+    if paged:
+        (k_cache, table), (v_cache, _) = (paged_copy(c, 16, seed=3) for c in (k_cache, v_cache))
+        options["block_table"] = table
+    if append:
+        options.update(k=randn(batch, 1, kv_heads, dim, seed=43),
+                       v=randn(batch, 1, kv_heads, dim, seed=44))
+    if rotary:
+        angle = torch.rand(capacity, 16, generator=torch.Generator().manual_seed(5)) * 6.3
+        options.update(rotary_cos=angle.cos().to(DEVICE), rotary_sin=angle.sin().to(DEVICE))
+    return q, k_cache, v_cache, options
+
+
+@runs_kernels
+@pytest.mark.parametrize(("paged", "append", "rotary"), [
+    (False, False, False), (True, False, False), (False, True, True), (True, True, True)])
+def test_a_call_reads_no_tensor_value_on_the_host(no_value_reads, paged, append, rotary):
+    """The first call (validation and planning) and a repeated one: no .item(), .tolist(),
+    .cpu(), ... anywhere on the path; the launches are the append (when k, v are
+    given), the split kernel and the combine."""
+    q, k_cache, v_cache, options = _serving_call(paged, append, rotary)
+    for _ in range(2):
+        with no_value_reads() as launched:
+            attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=3, **options)
+        assert launched == ["_rotary_append"] * append + ["_split_kv_decode", "_combine_partials"]
+        launched.clear()
+
+
+def test_the_value_guard_can_fail(no_value_reads):
+    """The guard above catches a host read: the reference path reads cache_seqlens."""
+    q, k_cache, v_cache, options = _serving_call(False, False, False)
+    with pytest.raises(AssertionError, match="read a tensor's values"), no_value_reads():
+        attnlab.flash_attn_with_kvcache(q.cpu(), k_cache.cpu(), v_cache.cpu(),
+                                        **dict(options, impl="reference",
+                                               cache_seqlens=options["cache_seqlens"].cpu()))
+
+
+BAD_INDICES = [  # (case, paged, append, the index change, the words of the record)
+    ("cache_seqlens past the capacity", False, False,
+     lambda o: o["cache_seqlens"].copy_(torch.tensor([5, 97, 0])), r"cache_seqlens\[1\] = 97"),
+    ("negative cache_seqlens", True, False,
+     lambda o: o["cache_seqlens"].copy_(torch.tensor([5, -2, 0])), r"cache_seqlens\[1\] = -2"),
+    ("append past the capacity", False, True,
+     lambda o: o["cache_seqlens"].copy_(torch.tensor([5, 96, 0])), r"cache_seqlens\[1\] = 96"),
+    ("a page outside the pool", True, False,
+     lambda o: o["block_table"].__setitem__((1, 2), 1000), r"block_table\[1, 2\] = 1000"),
+    ("an append into a page outside the pool", True, True,
+     lambda o: o["block_table"].__setitem__((1, 5), -7), r"block_table\[1, 5\] = -7"),
+    ("leftpad past cache_seqlens", False, False,
+     lambda o: o.update(cache_leftpad=torch.tensor([0, 91, 0], dtype=torch.int32, device=DEVICE)),
+     r"cache_leftpad\[1\] = 91"),
+    ("a cache row outside the cache", False, True,
+     lambda o: o.update(cache_batch_idx=torch.tensor([0, 3, 2], dtype=torch.int32, device=DEVICE)),
+     r"cache_batch_idx\[1\] = 3"),
+]
+
+
+@runs_kernels
+@pytest.mark.parametrize(("case", "paged", "append", "change", "words"), BAD_INDICES,
+                         ids=[c[0] for c in BAD_INDICES])
+def test_a_bad_index_is_flagged_on_the_device_and_its_sequence_is_nan(case, paged, append,
+                                                                      change, words):
+    """Sequence 1's index is bad: its output and LSE are NaN, nothing of it is written,
+    the other sequences are right, and check_kvcache_indices raises naming it (once:
+    the record is cleared)."""
+    q, k_cache, v_cache, options = _serving_call(paged, append, False)
+    attnlab.check_kvcache_indices(DEVICE)  # a clean record to start from
+    good_k, good_v = k_cache.clone(), v_cache.clone()
+    expected = attnlab.flash_attn_with_kvcache(q, good_k, good_v, num_splits=2, **options)
+    change(options)
+    before_k = k_cache.clone()
+    out, lse = attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=2, **options)
+    assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
+    for b in (0, 2):
+        assert torch.equal(out[b], expected[0][b]) and torch.equal(lse[b], expected[1][b])
+    if append:  # sequence 1 wrote nothing; the others wrote what they write anyway
+        written = k_cache != before_k
+        assert torch.equal(k_cache[written], good_k[written])
+    with pytest.raises(ValueError, match=words):
+        attnlab.check_kvcache_indices(DEVICE)
+    attnlab.check_kvcache_indices(DEVICE)  # cleared
+
+
+@runs_kernels
+def test_a_repeated_page_inside_one_sequence_is_a_shared_slot():
+    """Sequence 0 appends 17 keys from position 0 and its table names one page for
+    columns 0 and 1: positions 0 and 16 meet in one slot."""
+    q, k_cache, v_cache, options = _serving_call(True, False, False)
+    options["block_table"][0, 1] = options["block_table"][0, 0]
+    options["cache_seqlens"].copy_(torch.tensor([0, 60, 0]))
+    out, _ = attnlab.flash_attn_with_kvcache(
+        q, k_cache, v_cache, randn(3, 17, 2, 64, seed=47), randn(3, 17, 2, 64, seed=48),
+        **options)
+    assert torch.isnan(out[0]).all() and not torch.isnan(out[1:]).any()
+    with pytest.raises(ValueError, match="block_table makes sequence 0 .a repeated page. twice"):
+        attnlab.check_kvcache_indices(DEVICE)
+
+
+SM90_BUILD = """
+import json, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from attnlab.kernels.append import _rotary_append
+from attnlab.kernels.decode import _combine_partials, _split_kv_decode
+from attnlab.kernels.forward import _attn_fwd
+TYPES = dict(O_PART="*fp32", LSE_PART="*fp32", LSE_OUT="*fp32", ERRORS="*i64", COS="*fp32",
+             SIN="*fp32", CACHE_SEQLENS="*i32", CACHE_BATCH_IDX="*i32", CACHE_LEFTPAD="*i32",
+             BLOCK_TABLE="*i32", ROTARY_SEQLENS="*i32", LSE="*fp32", CU_SEQLENS_Q="*i32",
+             CU_SEQLENS_K="*i32", SEQUSED_K="*i32", K_DESCALE="*fp32", V_DESCALE="*fp32",
+             Q_DESCALE="*fp32")
+FP8_CACHE = dict(K="*fp8e4nv", V="*fp8e4nv", K_CACHE="*fp8e4nv", V_CACHE="*fp8e4nv")
+def build(kernel, constants, warps, stages, types=()):
+    types = dict(TYPES, **dict(types))
+    signature = {n: "constexpr" if n in constants else types.get(n, "*bf16") if n.isupper()
+                 else "fp32" if n in ("qk_scale", "softcap_log2", "softcap_inv") else "i32"
+                 for n in kernel.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if n.isupper() and n not in constants}
+    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    return bool(compiled.asm["cubin"])
+built = []
+for page, d, block_n, batch_idx, per_page, fp8 in (
+        (0, 128, 128, False, False, False), (16, 128, 128, False, False, False),
+        (256, 256, 64, False, False, False), (0, 64, 64, True, False, False),
+        (16, 128, 128, False, True, False), (256, 128, 128, False, True, False),
+        (16, 128, 128, False, True, True)):
+    built.append(build(_split_kv_decode, dict(
+        HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=16, BLOCK_N=block_n, PAGE_SIZE=page,
+        HAS_SEQLENS=True, HAS_BATCH_IDX=batch_idx, HAS_LEFTPAD=batch_idx, HAS_LEFT=False,
+        HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
+        PER_PAGE=per_page, DESCALED=fp8), 4, 3, FP8_CACHE if fp8 else ()))
+built.append(build(_combine_partials, dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_S=16), 2, 1))
+for page, half, batch_idx, fp8 in ((0, 32, False, False), (16, 64, False, False),
+                                   (0, 0, True, False), (16, 64, False, True)):
+    built.append(build(_rotary_append, dict(
+        HEAD_DIM=128, HEAD_DIM_PAD=128, ROTARY_HALF=half, HALF_PAD=max(half, 1),
+        INTERLEAVED=True, ROTATE_Q=half > 0, Q_SAME_POSITION=False, PAGE_SIZE=page,
+        HAS_SEQLENS=True, HAS_BATCH_IDX=batch_idx, HAS_LEFTPAD=False, HAS_ROTARY_SEQLENS=False,
+        CHECK_SHARED=page > 0 or batch_idx, BLOCK_B=64, QUANTISE=fp8, EMULATE_FP8=False), 1, 1,
+        dict(K_CACHE="*fp8e4nv", V_CACHE="*fp8e4nv") if fp8 else ()))
+for page, seqused, varlen in ((16, True, True),):
+    built.append(build(_attn_fwd, dict(
+        HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=128, BLOCK_N=64, HAS_LEFT=False, HAS_RIGHT=True,
+        HAS_SOFTCAP=False, REVERSE_M=True, UPCAST_DOT=False, IS_VARLEN=varlen,
+        OFFSETS_64=False, PAGE_SIZE=page, HAS_SEQUSED=seqused, FP8=False, EMULATE_FP8=False),
+        8, 2))
+print(json.dumps(built))
+"""
+
+
+@pytest.mark.slow
+def test_the_serving_kernels_build_for_sm90(json_from_fresh_python):
+    """The interpreter runs what ptxas may refuse (loop-carried flags, scalar atomics):
+    the split, combine and append kernels and the paged varlen forward compile for
+    sm_90a here, without a GPU (an fp8 cache's split and append kernels too)."""
+    assert json_from_fresh_python(SM90_BUILD) == [True] * 13
 
 
 # ----- merge_state / merge_states ----------------------------------------------------------
@@ -565,6 +757,80 @@ def test_gpu_cuda_graph_capture_appends_and_attends(captured_replay):
     captured = captured_replay(step)  # the warm-up writes the same rows the graph will
     assert torch.equal(captured, eager)
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_a_serving_step_makes_no_device_to_host_sync(paged):
+    """torch's sync detector ("error": any synchronising call raises) around warm calls
+    with tensor cache_seqlens, append, rotary and (paged) a block table."""
+    q, k_cache, v_cache, options = _serving_call(paged, True, True)
+    options["cache_seqlens"].copy_(torch.tensor([5, 80, 0]))
+    attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, **options)  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, **options)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    attnlab.check_kvcache_indices()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_the_whole_call_replays_in_a_cuda_graph_with_changing_lengths(paged):
+    """Rotary, append, attention and combine captured once; replayed with new lengths
+    (and a new page order) written into the same index tensors, each replay equal to the
+    eager call on a copy of the cache, and a bad length flagged from inside the graph."""
+    batch, heads, kv_heads, dim, capacity = 4, 32, 8, 128, 4096
+    gen = torch.Generator(device="cuda").manual_seed(3)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    q, k_new, v_new = rand(batch, 1, heads, dim), rand(batch, 1, kv_heads, dim), \
+        rand(batch, 1, kv_heads, dim)
+    k_cache, v_cache = rand(batch, capacity, kv_heads, dim), rand(batch, capacity, kv_heads, dim)
+    angle = torch.rand(capacity, 64, device="cuda") * 6.3
+    lengths = torch.tensor([100, 2000, 4000, 1], dtype=torch.int32, device="cuda")
+    extra = {}
+    if paged:
+        (k_cache, table), (v_cache, _) = (paged_copy(c, 256, seed=4) for c in (k_cache, v_cache))
+        extra["block_table"] = table
+    options = dict(rotary_cos=angle.cos(), rotary_sin=angle.sin(), cache_seqlens=lengths,
+                   causal=True, max_seqlen_k=capacity, return_softmax_lse=True, **extra)
+
+    def step(kc, vc):
+        return attnlab.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, **options)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(k_cache.clone(), v_cache.clone())  # warm-up: compiles, makes the error record
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(k_cache, v_cache)
+    for new_lengths in ([100, 2000, 4000, 1], [7, 4095, 0, 3000], [4095, 1, 1, 1]):
+        lengths.copy_(torch.tensor(new_lengths))
+        if paged:
+            extra["block_table"].copy_(extra["block_table"].flip(0))
+        k_eager, v_eager = k_cache.clone(), v_cache.clone()
+        eager = step(k_eager, v_eager)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+        assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
+    attnlab.check_kvcache_indices()
+    lengths.copy_(torch.tensor([5, 4096, 5, 5]))  # 4096 + 1 new key > capacity
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(captured[0][1]).all() and not torch.isnan(captured[0][0]).any()
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 4096"):
+        attnlab.check_kvcache_indices()
 
 
 @pytest.mark.gpu

@@ -289,9 +289,13 @@ def test_rotary_seqlens_moves_the_rotary_start(impl):
         cache_seqlens=seqlens, causal=True, impl=impl)
     assert torch.equal(rotated, by_hand) and torch.equal(caches[0][0], caches[1][0])
     with pytest.raises(ValueError, match="rotary_seqlens"):
-        fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos,
-                                    rotary_sin=sin, cache_seqlens=seqlens, impl=impl,
-                                    rotary_seqlens=rotary_seqlens - 5)
+        # The reference reads the positions on the host; the kernels check them on the
+        # device (a NaN output, then the record).
+        out = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos,
+                                          rotary_sin=sin, cache_seqlens=seqlens, impl=impl,
+                                          rotary_seqlens=rotary_seqlens - 5)
+        assert torch.isnan(out[0]).all() and not torch.isnan(out[1]).any()
+        attnlab.check_kvcache_indices(q.device)
 
 
 def test_per_sequence_path_refuses_what_it_cannot_map():

@@ -194,6 +194,68 @@ def test_fp8_append_stores_the_quantised_rows_and_attends_to_them(paged):
         assert torch.equal(k_cache.view(torch.uint8), expected_k.view(torch.uint8))
 
 
+def _rotary_append_call(paged: bool):
+    """An fp8 decode step with append and rotary: (q, caches, options); one new key
+    saturates (1000 over a descale near 0.01), one new value is +inf (stored as 448)."""
+    batch, heads, kv_heads, dim, capacity, seqlen_new = 2, 4, 2, 32, 64, 3
+    k_descale = descales(batch, kv_heads, False, seed=20)
+    v_descale = descales(batch, kv_heads, True, seed=21)
+    k_cache = fp8_cache(batch, capacity, kv_heads, dim, k_descale, seed=22)
+    v_cache = fp8_cache(batch, capacity, kv_heads, dim, v_descale, seed=23)
+    q, k_new, v_new = make_qkv(batch, heads, kv_heads, 1, seqlen_new, dim, torch.bfloat16,
+                               layout="bshd", seed=24, device=DEVICE)
+    k_new[0, 1, 0, 3] = 1000.0
+    v_new[1, 2, 1, 5] = float("inf")
+    angle = torch.rand(capacity, 8, generator=torch.Generator().manual_seed(25)) * 6.3
+    options = dict(k=k_new, v=v_new, rotary_cos=angle.cos().to(DEVICE),
+                   rotary_sin=angle.sin().to(DEVICE),
+                   cache_seqlens=torch.tensor([3, 50], dtype=torch.int32, device=DEVICE),
+                   causal=True, return_softmax_lse=True, k_descale=k_descale,
+                   v_descale=v_descale)
+    if paged:
+        k_cache, table = paged_fp8(k_cache, 16, seed=26)
+        v_cache, _ = paged_fp8(v_cache, 16, seed=26)
+        options["block_table"] = table
+    return q, k_cache, v_cache, options
+
+
+@runs_kernels
+@pytest.mark.parametrize("paged", [False, True])
+def test_fp8_append_with_rotary_stores_the_references_bytes(paged):
+    """The append kernel rotates, then quantises (saturating): byte for byte what the
+    float64 reference path stores, and the two outputs agree."""
+    q, k_cache, v_cache, options = _rotary_append_call(paged)
+    caches = [(k_cache.clone(), v_cache.clone()) for _ in range(2)]
+    outs = [attnlab.flash_attn_with_kvcache(q, kc, vc, impl=impl, **options)
+            for (kc, vc), impl in zip(caches, ("triton", "reference"), strict=True)]
+    (kt, vt), (kr, vr) = caches
+    assert torch.equal(kt.view(torch.uint8), kr.view(torch.uint8))
+    assert torch.equal(vt.view(torch.uint8), vr.view(torch.uint8))
+    assert not torch.equal(kt.view(torch.uint8), k_cache.view(torch.uint8))  # it appended
+    # The +inf value saturated to 448 (no new NaN; a page pool's unused pages may hold some).
+    assert (vt.float() == E4M3_MAX).any()
+    assert vt.float().isnan().sum() == v_cache.float().isnan().sum()
+    assert (kt.float().abs() == E4M3_MAX).any()
+    # The attention itself (on the same bytes) is the accuracy rule's business (above);
+    # here the two paths agree to bf16's rounding of the rotated q.
+    torch.testing.assert_close(outs[0][0].float(), outs[1][0].float(), atol=2e-2, rtol=0)
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=2e-2, rtol=0)
+
+
+@runs_kernels
+@pytest.mark.parametrize("paged", [False, True])
+def test_an_fp8_call_reads_no_tensor_value_on_the_host(no_value_reads, paged):
+    """Planning and a repeated call with an fp8 cache, append, rotary and descales: no
+    host read of any tensor (the descales included); three launches."""
+    q, k_cache, v_cache, options = _rotary_append_call(paged)
+    for _ in range(2):
+        with no_value_reads() as launched:
+            attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=3, impl="triton",
+                                            **options)
+        assert launched == ["_rotary_append", "_split_kv_decode", "_combine_partials"]
+        launched.clear()
+
+
 @runs_kernels
 def test_fa3_interface_takes_the_caches_descales():
     batch, heads, kv_heads, dim, capacity = 2, 4, 2, 32, 64
@@ -406,20 +468,22 @@ config = fp8_forward_config(128, False)
 forward = dict(stride_vn=1, HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=config.block_m,
                BLOCK_N=config.block_n, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False,
                REVERSE_M=False, UPCAST_DOT=False, IS_VARLEN=False, OFFSETS_64=False, FP8=True,
-               EMULATE_FP8=False)
+               EMULATE_FP8=False, PAGE_SIZE=0, HAS_SEQUSED=False)
 fp8 = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "O": "*bf16",
-       "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
+       "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", "BLOCK_TABLE": "*i32",
+       "SEQUSED_K": "*i32", "ERRORS": "*i64"}
 keys_contiguous = build(_attn_fwd, fp8, forward, config)
 d_contiguous = build(_attn_fwd, fp8, {**{k: v for k, v in forward.items() if k != "stride_vn"},
                                       "stride_vd": 1}, config)
 decode = decode_config(128, fp8_cache=True)
 cache = build(_split_kv_decode, {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "OUT": "*bf16",
                                  "CACHE_SEQLENS": "*i32", "CACHE_BATCH_IDX": "*i32",
-                                 "CACHE_LEFTPAD": "*i32", "BLOCK_TABLE": "*i32"},
+                                 "CACHE_LEFTPAD": "*i32", "BLOCK_TABLE": "*i32",
+                                 "ERRORS": "*i64"},
               dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=16, BLOCK_N=decode.block_n,
                    PAGE_SIZE=0, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
                    HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
-                   UPCAST_DOT=False, DESCALED=True), decode)
+                   UPCAST_DOT=False, PER_PAGE=False, DESCALED=True), decode)
 print(json.dumps({"keys_contiguous": keys_contiguous, "d_contiguous": d_contiguous,
                   "decode": cache}))
 """

@@ -24,6 +24,7 @@ import torch
 from attention_inputs import make_qkv, paged_copy
 from attnlab import (
     attention,
+    check_kvcache_indices,
     flash_attn_func,
     flash_attn_varlen_func,
     flash_attn_with_kvcache,
@@ -291,7 +292,16 @@ def test_two_sequences_appending_into_one_cache_slot_are_refused(form, impl):
         options["block_table"][1, 0] = options["block_table"][0, 0]
     else:
         options = dict(cache_batch_idx=torch.tensor([1, 1], dtype=torch.int32, device=DEVICE))
-    with pytest.raises(ValueError, match=f"{form} makes sequences 0 and 1 append into one"):
-        flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=5, impl=impl,
-                                **options)
+    refusal = f"{form} makes sequences 0 and 1 append into one"
+    if impl == "reference":  # read on the host: refused before anything is written
+        with pytest.raises(ValueError, match=refusal):
+            flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=5,
+                                    impl=impl, **options)
+    else:  # checked on the device: both sequences come out NaN, the record names them
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=5,
+                                      impl=impl, **options)
+        assert torch.isnan(out).all()
+        with pytest.raises(ValueError, match=refusal):
+            check_kvcache_indices(DEVICE)
     flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=5, impl=impl, **options)
+    check_kvcache_indices(DEVICE)  # the record was cleared; reading is allowed

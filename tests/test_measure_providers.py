@@ -23,7 +23,8 @@ NO_CUDA = not torch.cuda.is_available()
 def test_registry_lists_every_provider_the_issue_names():
     assert list(PROVIDERS) == ["eager", "eager_typical", "sdpa", "sdpa_flash", "sdpa_efficient",
                                "sdpa_cudnn", "sdpa_math", "flex", "attnlab", "attnlab_decode",
-                               "flash_attn", "flashinfer"]
+                               "attnlab_decode_paged16", "flash_attn", "fa4", "fa4_paged16",
+                               "flashinfer", "flashinfer_paged16"]
     for p in PROVIDERS.values():
         assert p.phases and set(p.phases) <= {"prefill", "decode", "fwdbwd"}
         assert p.input_layout in prov.LAYOUTS and p.output_layout in prov.LAYOUTS

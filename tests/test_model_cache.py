@@ -175,3 +175,23 @@ def test_fp8_decode_prediction_by_hand():
     assert combine.read_bytes == 14 * 32 * (128 * 4 + 4)
     with pytest.raises(ValueError, match="kv_scales must be one of tensor, kv-head"):
         cm.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="row")
+
+
+def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
+    from attnlab.model.cache import FusedTiling, Launch, predict_attnlab_backward
+
+    # 2 query heads on 1 KV head, 512 x 64 fp16 rows: every CTA resident at once, so
+    # each operand comes from DRAM once.  dQ reads Q, dO, O, LSE and K, V; writes dQ, D
+    # and LSE (log2); dK/dV reads K, V and both heads' Q, dO, LSE, D; writes dK, dV.
+    shape = AttentionShape(query_heads=2, kv_heads=1, seqlen_q=512, seqlen_k=512, head_dim=64,
+                           dtype="fp16", causal=True)
+    tiling = FusedTiling(128, 64, Launch(threads=256, registers_per_thread=168, shared_bytes=0))
+    dq, dkdv = predict_attnlab_backward(shape, dq=tiling, dkdv=tiling, lse_log2=True)
+    act, kv, stats = 2 * 512 * 64 * 2, 512 * 64 * 2, 2 * 512 * 4
+    assert (dq.role, dkdv.role) == ("backward_dq", "backward_dkdv")
+    assert dq.read_bytes == 3 * act + stats + 2 * kv
+    assert dq.written_bytes == act + 2 * stats
+    assert dkdv.read_bytes == 2 * kv + 2 * act + 2 * stats
+    assert dkdv.written_bytes == 2 * kv
+    # Small outputs stay in L2 at the end: retained, not counted as DRAM writes.
+    assert dq.write_bytes == dkdv.write_bytes == 0

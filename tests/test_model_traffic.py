@@ -437,3 +437,62 @@ def test_fp8_cache_decode_bytes_by_hand():
     assert "fp8" in fp8.label
     with pytest.raises(ValueError, match="kv_dtype must be fp16, bf16, fp32, fp64 or fp8"):
         traffic.flash_decoding_traffic(shape, num_splits=1, kv_dtype="e5m2")
+
+
+# ----- attnlab's backward with each kernel's own tiles, counted by hand -----------------------
+SMALL = AttentionShape(seqlen_q=256, seqlen_k=256, head_dim=64, dtype="fp16")
+SMALL_ROW = 64 * 2  # bytes of one fp16 row of 64
+
+
+def test_attnlab_backward_counts_each_kernels_tiles_unmasked():
+    # dQ 128 x 64: 2 query tiles each load all 4 key tiles (2 x 256 K rows, as many V).
+    # dK/dV 64 rows x 128 keys: 2 key blocks each load all 4 query tiles (2 x 256 rows).
+    t = traffic.backward_traffic(SMALL, variant="attnlab", dq_tiles=(128, 64),
+                                 dkdv_tiles=(64, 128))
+    dq, dkdv = t.kernels
+    act, stats = 256 * SMALL_ROW, 256 * 4
+    assert dict(dq.reads) == {"Q": act, "dO": act, "O": act, "LSE": stats,
+                              "K": 512 * SMALL_ROW, "V": 512 * SMALL_ROW}
+    assert dict(dq.writes) == {"dQ": act, "D": stats}
+    assert dict(dkdv.reads) == {"K": act, "V": act, "Q": 512 * SMALL_ROW,
+                                "dO": 512 * SMALL_ROW, "LSE": 512 * 4, "D": 512 * 4}
+    assert dict(dkdv.writes) == {"dK": act, "dV": act}
+
+
+def test_attnlab_backward_counts_each_kernels_tiles_causal():
+    # dQ 128 x 64: rows 0-127 see keys 0-127 (2 key tiles), rows 128-255 all 4: 384 rows.
+    # dK/dV 64 x 128: keys 0-127 are seen by rows 0-255 (4 query tiles), keys 128-255
+    # by rows 128-255 (2): 384 query rows.  Swapping the tiles changes both counts:
+    # dQ 64 x 128 loads 128 + 128 + 256 + 256 = 768 key rows.
+    t = traffic.backward_traffic(SMALL.replace(causal=True), variant="attnlab-sm90",
+                                 dq_tiles=(128, 64), dkdv_tiles=(64, 128))
+    dq, dkdv = t.kernels
+    assert dict(dq.reads)["K"] == 384 * SMALL_ROW
+    assert dict(dkdv.reads)["Q"] == 384 * SMALL_ROW
+    assert dict(dkdv.reads)["LSE (log2)"] == 384 * 4
+    swapped = traffic.backward_traffic(SMALL.replace(causal=True), variant="attnlab",
+                                       dq_tiles=(64, 128), dkdv_tiles=(128, 64))
+    assert dict(swapped.kernels[0].reads)["K"] == 768 * SMALL_ROW
+
+
+def test_attnlab_backward_gqa_reads_kv_once_and_each_query_heads_rows():
+    # 2 query heads on 1 KV head: dK/dV reads K, V once and both heads' Q, dO; dQ (one
+    # program per query head) reads K, V for each head.
+    shape = SMALL.replace(query_heads=2, kv_heads=1)
+    t = traffic.backward_traffic(shape, variant="attnlab", scope="layer", dq_tiles=(128, 64),
+                                 dkdv_tiles=(64, 128))
+    dq, dkdv = t.kernels
+    assert dict(dkdv.reads)["K"] == 256 * SMALL_ROW
+    assert dict(dkdv.reads)["Q"] == 2 * 512 * SMALL_ROW
+    assert dict(dq.reads)["K"] == 2 * 512 * SMALL_ROW
+    assert dict(dkdv.writes) == {"dK": 256 * SMALL_ROW, "dV": 256 * SMALL_ROW}
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"variant": "two-pass", "dq_tiles": (64, 64)}, "attnlab's kernels' tiles"),
+    ({"variant": "attnlab", "dq_tiles": (64,)}, "query rows, key rows"),
+    ({"variant": "attnlab", "dkdv_tiles": (0, 64)}, "dkdv_tiles"),
+])
+def test_backward_tiles_are_checked(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        traffic.backward_traffic(SMALL, **kwargs)

@@ -131,3 +131,27 @@ def test_masks_that_are_not_padding_masks_are_refused():
         forward(torch.nn.Module(), q, q, q, torch.zeros(1, 1, 4, 4))
     with pytest.raises(NotImplementedError, match="dropout"):
         forward(torch.nn.Module(), q, q, q, None, dropout=0.1)
+
+
+def test_qwen3_under_autocast_runs_its_float32_normalised_q_and_k_in_the_autocast_dtype():
+    # Qwen3 normalises q and k in float32: under autocast they arrive float32 beside a
+    # bfloat16 v.  They run in bfloat16 (transformers' flash-attention rule) and the loss
+    # and gradients match SDPA's under the same autocast.
+    name = register(impl=IMPL, name=f"attnlab-{IMPL}")
+    config = transformers.Qwen3Config(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=6, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    tokens = torch.randint(0, 97, (2, 33), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    losses, grads = [], []
+    for implementation in ("sdpa", name):
+        torch.manual_seed(0)
+        model = transformers.Qwen3ForCausalLM(config).to(DEVICE)
+        model.config._attn_implementation = implementation
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad)
+    assert abs(losses[0] - losses[1]) < 1e-2 * abs(losses[0])
+    assert torch.isfinite(grads[1]).all()
+    assert (grads[0] - grads[1]).abs().max() <= 0.05 * grads[0].abs().max()

@@ -247,6 +247,9 @@ def _cpu_args(lengths_q=(3, 4), lengths_k=(5, 2)):
     return q, k, k.clone(), cu_q, cu_k
 
 
+PAGES = torch.randn(4, 16, 2, 8).half()  # a paged cache's pool for the refusals below
+
+
 @pytest.mark.parametrize(("change", "error", "match"), [
     (lambda a: {**a, "cu_seqlens_q": a["cu_seqlens_q"].long()}, TypeError,
      "cu_seqlens_q must have dtype torch.int32, got torch.int64"),
@@ -265,8 +268,22 @@ def _cpu_args(lengths_q=(3, 4), lengths_k=(5, 2)):
      r"max_seqlen_q \(3\) is smaller than sequence 1's length 4"),
     (lambda a: {**a, "max_seqlen_k": 5.0}, TypeError, "max_seqlen_k must be an int"),
     (lambda a: {**a, "q": a["q"][None]}, ValueError, r"q must be 3-D \(total_tokens"),
-    (lambda a: {**a, "block_table": torch.zeros(2, 1, dtype=torch.int32)}, NotImplementedError,
-     "block_table"),
+    (lambda a: {**a, "block_table": torch.zeros(2, 1, dtype=torch.int32)}, ValueError,
+     r"k must be a paged cache \(num_pages, page_size"),
+    (lambda a: {**a, "k": PAGES, "v": PAGES,
+                "block_table": torch.zeros(2, 1, dtype=torch.int32, device="cpu"),
+                "cu_seqlens_k": torch.tensor([0, 5, 40], dtype=torch.int32)}, ValueError,
+     "sequence 1 35 keys, more than its block_table row holds"),
+    (lambda a: {**a, "k": PAGES[:, :8], "v": PAGES[:, :8],
+                "block_table": torch.zeros(2, 1, dtype=torch.int32)}, ValueError,
+     "multiple of 16"),
+    (lambda a: {**a, "cu_seqlens_k": None, "block_table": torch.zeros(2, 1, dtype=torch.int32),
+                "k": PAGES, "v": PAGES},
+     ValueError, "cu_seqlens_k may be None only when seqused_k"),
+    (lambda a: {**a, "seqused_k": torch.tensor([1, 2, 3], dtype=torch.int32)}, ValueError,
+     r"seqused_k must have shape \(batch,\) = \(2,\)"),
+    (lambda a: {**a, "q": a["q"].requires_grad_(), "seqused_k": torch.tensor(
+        [1, 2], dtype=torch.int32)}, NotImplementedError, "forward only"),
     (lambda a: {**a, "dropout_p": 0.1}, NotImplementedError, "dropout_p"),
     (lambda a: {**a, "causal": 1}, TypeError, "causal"),
     (lambda a: {**a, "window_size": (-3, 0)}, ValueError, "window_size"),
@@ -289,6 +306,133 @@ def test_cu_seqlens_on_another_device_is_refused_before_any_kernel():
 def test_varlen_exports():
     assert {"flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
             "flash_attn_varlen_kvpacked_func"} <= set(attnlab.__all__)
+
+
+# ---------------------------------------------------------------------------
+# Paged keys (chunked prefill): varlen queries against a paged KV cache
+
+def paged_keys(lengths_k, page_size, kv_heads=2, head_dim=32, dtype=torch.float16, seed=0,
+               spare_columns=1):
+    """(k, v packed (thd), k_pages, v_pages, block_table): sequence b's keys written into
+    its shuffled pages, the rest of the pool random (what the call must never read)."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = len(lengths_k)
+    per_seq = max(-(-n // page_size) for n in lengths_k) + spare_columns
+    num_pages = batch * per_seq + 3
+    table = torch.randperm(num_pages, generator=gen)[:batch * per_seq].view(batch, per_seq)
+    pools, packs = [], []
+    for _ in range(2):
+        pool = torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+        pack = torch.randn(sum(lengths_k), kv_heads, head_dim, generator=gen).to(dtype)
+        start = 0
+        for b, n in enumerate(lengths_k):
+            flat = pool[table[b]].flatten(0, 1)
+            flat[:n] = pack[start:start + n]
+            pool[table[b]] = flat.view(per_seq, page_size, kv_heads, head_dim)
+            start += n
+        pools.append(pool.to(DEVICE))
+        packs.append(pack.to(DEVICE))
+    return (*packs, *pools, table.to(torch.int32).to(DEVICE))
+
+
+PAGED_CASES = [  # lengths_q, lengths_k, page size, options
+    ([3, 1, 0, 6], [40, 17, 5, 6], 16, dict(causal=True)),
+    ([5, 1, 2], [0, 33, 50], 48, dict(causal=True)),
+    ([4, 7], [70, 3], 16, dict(causal=False)),
+    ([6, 2], [45, 21], 48, dict(causal=True, window_size=(9, 0))),
+    ([9, 3], [9, 31], 16, dict(causal=True, softcap=5.0)),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize(("lengths_q", "lengths_k", "page_size", "options"), PAGED_CASES)
+def test_paged_varlen_equals_packed_keys_and_the_reference(lengths_q, lengths_k, page_size,
+                                                           options):
+    """Chunked prefill: each sequence's queries against its keys read through the block
+    table give the packed call's bits (same tiles) and pass the accuracy rule against
+    float64; GQA (4 query heads on 2); page 48 is not a power of two (tiles cross pages)."""
+    q, _, _, cu_q, cu_k = packed(lengths_q, lengths_k, seed=sum(lengths_k))
+    k, v, k_pages, v_pages, table = paged_keys(lengths_k, page_size, seed=len(lengths_q))
+    call = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q),
+                max_seqlen_k=max(lengths_k), return_attn_probs=True, **options)
+    out, lse, _ = flash_attn_varlen_func(q, k_pages, v_pages, block_table=table, impl="triton",
+                                         **call)
+    assert last_impl() == "triton" and not torch.isnan(out).any()
+    ref, ref_lse, _ = flash_attn_varlen_func(q.cpu(), k_pages.cpu(), v_pages.cpu(),
+                                             block_table=table.cpu(), impl="reference",
+                                             **{n: (t.cpu() if isinstance(t, torch.Tensor) else t)
+                                                for n, t in call.items()})
+    window = options.get("window_size", (-1, -1))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(lengths_q)):
+        rows = slice(starts_q[b], starts_q[b + 1])
+        keys = slice(starts_k[b], starts_k[b + 1])
+        if lengths_q[b] == 0:
+            continue
+        if lengths_k[b] == 0:  # no keys: zeros and -inf, as the packed call
+            assert torch.all(out[rows] == 0) and torch.isneginf(lse[:, rows]).all()
+            continue
+        result = check_accuracy(out[rows][None].cpu(), lse[:, rows][None].cpu(),
+                                q[rows][None].cpu(), k[keys][None].cpu(), v[keys][None].cpu(),
+                                layout="bshd", causal=options["causal"], window=window,
+                                softcap=options.get("softcap", 0.0), scale=scale)
+        assert result.passed, (b, result)
+    torch.testing.assert_close(out.cpu().float(), ref.float(), atol=3e-3, rtol=0)
+    contiguous = flash_attn_varlen_func(q, k, v, impl="triton", **call)
+    assert torch.equal(out, contiguous[0]) and torch.equal(lse, contiguous[1])
+
+
+@needs_triton
+@pytest.mark.parametrize("paged", [True, False])
+def test_seqused_k_uses_the_first_keys_of_each_sequence(paged):
+    """seqused_k (FA3's and flash-attn's paged argument): sequence b attends to its first
+    seqused_k[b] keys; paged, cu_seqlens_k may be None."""
+    lengths_q, lengths_k, used = [2, 3, 1], [30, 20, 9], [30, 7, 0]
+    q, _, _, cu_q, cu_k = packed(lengths_q, lengths_k, seed=5)
+    k, v, k_pages, v_pages, table = paged_keys(lengths_k, 16, seed=6)
+    seqused = torch.tensor(used, dtype=torch.int32, device=DEVICE)
+    if paged:
+        got = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, 3, 30, causal=True,
+                                     block_table=table, seqused_k=seqused, impl="triton")
+    else:
+        got = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 3, 30, causal=True,
+                                     seqused_k=seqused, impl="triton")
+    cut = [torch.cat([t[s:s + n] for s, n in zip(cu_k.tolist(), used, strict=False)])
+           for t in (k, v)]
+    expected = flash_attn_varlen_func(q, *cut, cu_q, cumulative(used), 3, 30, causal=True,
+                                      impl="triton")
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+@needs_triton
+@pytest.mark.parametrize(("case", "change", "words"), [
+    ("a page outside the pool", lambda o: o["block_table"].__setitem__((1, 0), 999),
+     r"block_table\[1, 0\] = 999"),
+    ("seqused_k past the capacity", lambda o: o.update(seqused_k=torch.tensor(
+        [20, 10_000], dtype=torch.int32, device=DEVICE)), r"seqused_k\[1\] = 10000"),
+])
+def test_a_bad_page_or_seqused_k_is_flagged_and_its_sequence_is_nan(case, change, words):
+    lengths_q, lengths_k = [3, 4], [20, 40]
+    q, _, _, cu_q, cu_k = packed(lengths_q, lengths_k, seed=7)
+    _, _, k_pages, v_pages, table = paged_keys(lengths_k, 16, seed=8)
+    options = dict(block_table=table, causal=True, impl="triton")
+    attnlab.check_kvcache_indices(DEVICE)
+    good = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 4, 40, **options)
+    change(options)
+    out = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 4, 40, **options)
+    assert torch.isnan(out[3:]).all() and torch.equal(out[:3], good[:3])
+    with pytest.raises(ValueError, match=words):
+        attnlab.check_kvcache_indices(DEVICE)
+
+
+def test_the_reference_reads_paged_indices_on_the_host_and_refuses_at_once():
+    q, _, _, cu_q, cu_k = (t.cpu() for t in packed([2, 2], [20, 20], seed=9))
+    _, _, k_pages, v_pages, table = (t.cpu() for t in paged_keys([20, 20], 16, seed=9))
+    table[1, 1] = -1
+    with pytest.raises(ValueError, match=r"block_table\[1, 1\] = -1 must be a page index"):
+        flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 2, 20, block_table=table,
+                               impl="reference")
 
 
 # ---------------------------------------------------------------------------
@@ -318,6 +462,43 @@ def test_gpu_varlen_grid(dtype, head_dim, mask):
     out, lse = run_varlen(q, k, v, cu_q, cu_k, lengths_q, lengths_k, config=None, **MASKS[mask])
     check_each_sequence(out, lse, q, k, v, lengths_q, lengths_k, compare_dense=False,
                         **MASKS[mask])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_gpu, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("page_size", [256, 512])
+@pytest.mark.parametrize("local", [False, True])
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k"), [(1, 239), (113, 203), (1023, 1024)])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_gpu_paged_varlen_as_flash_attns_own_test(page_size, local, seqlen_q, seqlen_k,
+                                                  head_dim):
+    """flash-attn's test_flash_attn_varlen_causal with paged_kv_block_size (its setup:
+    batch 8, 9 heads, a shuffled pool 3x the pages needed, prefix key lengths drawn in
+    [seqlen_k - 20, seqlen_k], window_size a tensor drawn in [0, seqlen_k)), judged by
+    the accuracy rule per sequence."""
+    torch.random.manual_seed(0)
+    batch, heads = 8, 9
+    window = (-1, -1) if not local else torch.randint(0, seqlen_k, (2,))
+    per_seq = -(-seqlen_k // page_size) * 3
+    pages = [torch.randn(batch * per_seq, page_size, heads, head_dim, device="cuda",
+                         dtype=torch.bfloat16) for _ in range(2)]
+    table = torch.randperm(batch * per_seq, dtype=torch.int32, device="cuda").view(batch, -1)
+    dense = [p[table.long()].flatten(1, 2)[:, :seqlen_k] for p in pages]
+    lengths_q = torch.randint(max(1, seqlen_q - 20), seqlen_q + 1, (batch,)).tolist()
+    lengths_k = torch.randint(max(1, seqlen_k - 20), seqlen_k + 1, (batch,)).tolist()
+    q = torch.randn(sum(lengths_q), heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    out, lse, _ = flash_attn_varlen_func(q, *pages, cumulative(lengths_q), cumulative(lengths_k),
+                                         max(lengths_q), max(lengths_k), 0.0, causal=True,
+                                         window_size=window, block_table=table,
+                                         return_attn_probs=True)
+    start = 0
+    for b, (n_q, n_k) in enumerate(zip(lengths_q, lengths_k, strict=True)):
+        rows = slice(start, start + n_q)
+        result = check_accuracy(out[None, rows], lse[None, :, rows], q[None, rows],
+                                dense[0][b:b + 1, :n_k], dense[1][b:b + 1, :n_k], layout="bshd",
+                                causal=True, window=tuple(int(w) for w in window))
+        assert result.passed, (b, result)
+        start += n_q
 
 
 def _free_gpu_bytes() -> int:

@@ -198,12 +198,35 @@ def check_packed(q, k, v) -> None:
         raise ValueError(f"empty input: head_dim is 0 (q {tuple(q.shape)})")
 
 
+def check_paged_keys(q, k, v) -> None:
+    """Check a paged varlen call's q (total_q, heads, head_dim) against its paged keys
+    and values (num_pages, page_size, kv_heads, head_dim), by the dense calls' rules."""
+    lay = LAYOUTS["thd"]
+    check_strided("q", check_instance("q", q, torch.Tensor))
+    if q.dim() != lay.rank:
+        raise ValueError(f"q must be {lay.rank}-D {lay.dims}, got shape {tuple(q.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        check_strided(name, check_instance(name, t, torch.Tensor))
+        if t.dim() != 4 or min(t.shape) == 0:
+            raise ValueError(f"{name} must be a paged cache (num_pages, page_size, kv_heads, "
+                             f"head_dim) with a block_table, non-empty; got {tuple(t.shape)}")
+    _check_alike(q, k, v)
+    _check_heads(lay.heads(q), k.shape[2], q.shape[-1], k.shape[-1])
+    if q.shape[-1] == 0:
+        raise ValueError(f"empty input: head_dim is 0 (q {tuple(q.shape)})")
+
+
 def _check_tensor_triple(q, k, v, layout: Layout) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_strided(name, check_instance(name, t, torch.Tensor))
         if t.dim() != layout.rank:
             raise ValueError(f"{name} must be {layout.rank}-D {layout.dims}, got shape "
                              f"{tuple(t.shape)}")
+    _check_alike(q, k, v)
+
+
+def _check_alike(q, k, v) -> None:
+    """One dtype and device for q, k, v; one shape for k and v."""
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):

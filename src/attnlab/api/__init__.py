@@ -37,7 +37,7 @@ from attnlab.api.dense import (
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
 )
-from attnlab.api.kvcache import flash_attn_with_kvcache
+from attnlab.api.kvcache import check_kvcache_indices, flash_attn_with_kvcache
 from attnlab.api.merge import merge_state, merge_states
 from attnlab.api.varlen import (
     flash_attn_varlen_func,
@@ -48,6 +48,7 @@ from attnlab.api.varlen import (
 # The public calls; the package root re-exports exactly these.
 __all__ = [
     "attention",
+    "check_kvcache_indices",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",

@@ -10,6 +10,7 @@ import threading
 import torch
 
 from attnlab.checks import (
+    check_index_tensor,
     check_instance,
     check_kernel_scales,
     check_softcap,
@@ -145,3 +146,32 @@ def _refuse_unsupported(*, dropout_p=0.0, alibi_slopes=None) -> None:
         raise NotImplementedError(f"dropout_p must be 0.0: attnlab has no dropout (got {dropout_p})")
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes must be None: attnlab does not support ALiBi")
+
+
+# Pages hold a multiple of 16 tokens: the kernels' smallest key tile (tl.dot's K).
+PAGE_MULTIPLE = 16
+
+
+def _check_page_table(block_table, pages: torch.Tensor, batch: int, device,
+                      pages_name: str = "k_cache") -> tuple[torch.Tensor, int]:
+    """A paged cache's block table (batch, max_pages) int32, as the kernels read it, and
+    the capacity it gives each sequence (max_pages x page size).  Its values are checked
+    where the kernels read them (kernels/index_checks.py)."""
+    block_table = check_index_tensor("block_table", block_table, device=device)
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
+        raise ValueError(f"block_table must be (batch, max_pages) = ({batch}, >= 1), got "
+                         f"{tuple(block_table.shape)}")
+    page_size = pages.shape[1]
+    if page_size % PAGE_MULTIPLE:
+        raise ValueError(f"the paged cache's page size ({pages_name}.shape[1]) must be a "
+                         f"multiple of {PAGE_MULTIPLE}, got {page_size}")
+    return block_table, block_table.shape[1] * page_size
+
+
+def _check_per_sequence(name: str, t, batch: int, device) -> torch.Tensor:
+    """A (batch,) index tensor as the kernel reads it (:func:`attnlab.checks.check_index_tensor`)."""
+    t = check_index_tensor(name, t, device=device)
+    if t.dim() != 1 or t.shape[0] != batch:
+        raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {tuple(t.shape)}")
+    return t
+

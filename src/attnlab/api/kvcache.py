@@ -8,6 +8,8 @@ import torch
 from attnlab.api.common import (
     _check_has_data,
     _check_options,
+    _check_page_table,
+    _check_per_sequence,
     _check_reference_dtypes,
     _check_tensor,
     _check_triton_inputs,
@@ -17,15 +19,8 @@ from attnlab.api.common import (
     documents_impl,
 )
 from attnlab.api.fp8 import check_cache_dtype, kvcache_descales
-from attnlab.checks import check_bool, check_index_tensor, check_int, check_scale
-
-
-def _check_per_sequence(name: str, t, batch: int, device) -> torch.Tensor:
-    """A (batch,) index tensor as the kernel reads it (:func:`attnlab.checks.check_index_tensor`)."""
-    t = check_index_tensor(name, t, device=device)
-    if t.dim() != 1 or t.shape[0] != batch:
-        raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {tuple(t.shape)}")
-    return t
+from attnlab.checks import check_bool, check_int, check_scale
+from attnlab.kernels._launch import PlanCache
 
 
 def _check_append_destination(name: str, cache: torch.Tensor) -> None:
@@ -73,20 +68,12 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
         raise ValueError(f"k_cache's kv_heads ({kv_heads}) must divide q's heads ({heads})")
 
     if paged:
-        block_table = check_index_tensor("block_table", block_table, device=q.device)
-        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
-            raise ValueError(f"block_table must be (batch, max_pages) = ({batch}, >= 1), got "
-                             f"{tuple(block_table.shape)}")
-        page_size = k_cache.shape[1]
-        if page_size % 16:
-            raise ValueError(f"the paged cache's page size (k_cache.shape[1]) must be a multiple "
-                             f"of 16, got {page_size}")
+        block_table, capacity = _check_page_table(block_table, k_cache, batch, q.device)
         if cache_batch_idx is not None:
             raise NotImplementedError("cache_batch_idx must be None with a paged cache "
                                       "(block_table already picks each sequence's pages)")
         if cache_leftpad is not None:
             raise NotImplementedError("cache_leftpad must be None with a paged cache")
-        capacity = block_table.shape[1] * page_size
     else:
         capacity = k_cache.shape[1]
         if cache_batch_idx is None and k_cache.shape[0] != batch:
@@ -157,15 +144,12 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
 def _check_kvcache_contents(q, k_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                             block_table, *, capacity: int, seqlen_new: int,
                             rotary_positions: int, rotary_len: int,
-                            rotary_seqlens=None) -> int | None:
-    """Bounds that depend on index tensors' values, checked with one host read.
+                            rotary_seqlens=None) -> int:
+    """The reference path's bounds that depend on index tensors' values, checked with
+    one host read (the Triton path checks them on the device: kernels/index_checks.py).
 
-    Returns the longest live key count (for the split count), or None when the check
-    is skipped: while a CUDA graph is being captured a host read is impossible, and
-    the indices are the caller's responsibility (the kernel trusts them).
+    Returns the longest live key count.
     """
-    if q.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
     if not any(isinstance(t, torch.Tensor)
                for t in (cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                          rotary_seqlens)):
@@ -313,15 +297,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Returns ``out`` (batch, seqlen_q, heads, d), or ``(out, lse)`` with
     ``return_softmax_lse`` (LSE (batch, heads, seqlen_q) fp32, natural log).
 
-    ``num_splits=0`` chooses the split count (:func:`attnlab.kernels.decode.choose_num_splits`)
-    from the longest live length.  Bounds of the index tensors (cache_seqlens within the
-    capacity, leftpad <= cache_seqlens, batch indices and the used block_table entries in
-    range) are checked with one host read before any kernel runs — except while a CUDA
-    graph is being captured (``torch.cuda.is_current_stream_capturing()``), where no host
-    read is possible: there the values are trusted.  The split count uses ``max_seqlen_k``
-    (an optional upper bound on any sequence's live keys; it changes speed, never the
-    result) when given, else the live maximum that check read, else (under capture)
-    the capacity.
+    **Index tensors are checked on the device, not the host** (``impl="triton"``, what
+    CUDA tensors run): the call never reads their values on the host, so it costs no
+    device-to-host synchronisation and captures whole (rotary, append, attention,
+    combine) in a CUDA graph.  Every value is range-checked where a kernel reads it
+    (cache_seqlens in [0, capacity - seqlen_new], cache_leftpad in [0, cache_seqlens],
+    cache_batch_idx a cache row, the block_table entries a sequence uses in [0,
+    num_pages), rotary positions within rotary_cos, no two appends into one cache slot).
+    A bad one is never used as an address: that sequence's new keys are not written
+    (a slot two appends share gets NaN), its output and LSE are NaN, and the kernel
+    records it; :func:`attnlab.check_kvcache_indices` raises the ValueError naming it
+    (and clears the record) -- call it wherever the caller synchronises anyway.  An
+    int ``cache_seqlens`` is checked on the host, at once.  ``impl="reference"``
+    reads the index tensors on the host and raises the ValueError before anything is
+    written.
+
+    ``num_splits=0`` chooses the split count (:func:`attnlab.kernels.dispatch.choose_num_splits`)
+    from host-known sizes: ``max_seqlen_k`` (an optional upper bound on any sequence's
+    live keys; it changes speed, never the result) when given, else an int
+    ``cache_seqlens`` + seqlen_new, else the cache capacity.  What a call's sizes,
+    strides, dtypes and options fix (the checks, tiles, grids, launch arguments) is
+    worked out once per signature and kept.
     ``impl``: "triton" (the split-KV kernel; ``last_impl()`` = "triton-decode"),
     "reference" (float64 oracle) or "auto".
 
@@ -332,15 +328,78 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rounded to nearest e4m3, saturated to +-448.  fp8 queries, e5m2 and fnuz caches
     are refused by name.
     """
-    from attnlab.kernels.decode import MAX_SPLITS, flash_decode
-    from attnlab.reference.decode import (
-        append_to_cache,
-        apply_rotary,
-        as_lengths,
-        kvcache_attention,
-        positions_from,
-    )
-    from attnlab.reference.fp8 import per_head, quantize_e4m3
+    key = _signature(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                     cache_batch_idx, cache_leftpad, block_table, rotary_seqlens,
+                     (softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                      alibi_slopes, num_splits, return_softmax_lse, impl),
+                     k_descale, v_descale)
+    plan = None if key is None else _CALLS.plans.get(key)
+    if plan is None:
+        plan = _plan_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                          cache_batch_idx, cache_leftpad, block_table, rotary_seqlens,
+                          softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                          softcap=softcap, rotary_interleaved=rotary_interleaved,
+                          alibi_slopes=alibi_slopes, num_splits=num_splits,
+                          return_softmax_lse=return_softmax_lse, impl=impl,
+                          descales=(k_descale, v_descale))
+        if key is not None:
+            _CALLS.get(key, lambda: plan)
+    if max_seqlen_k is not None and (type(max_seqlen_k) is not int or max_seqlen_k < 0):
+        max_seqlen_k = check_int("max_seqlen_k", max_seqlen_k, minimum=0)
+    return plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, max_seqlen_k,
+                k_descale, v_descale)
+
+
+class _Uncached(Exception):
+    """An argument whose form the signature does not key (a list, a NumPy scalar, a
+    tensor subclass): that call is validated from scratch and its plan not kept."""
+
+
+def _meta(t):
+    """What a plan depends on in a tensor argument: dtype, sizes, strides, device and
+    16-byte alignment (None for an absent one)."""
+    if t is None:
+        return None
+    if type(t) is not torch.Tensor:
+        raise _Uncached
+    return t.dtype, t.shape, t.stride(), t.device, t.data_ptr() % 16
+
+
+def _signature(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+               cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, options,
+               k_descale, v_descale):
+    """The key a call's plan is kept under, or None where an argument's form is not
+    keyed (then the call is validated and planned from scratch).  An int cache_seqlens
+    and max_seqlen_k are left out: each call checks its own.  An fp8 cache's descales
+    are keyed by form like the tensors (their values are never read on the host)."""
+    if any(type(o) not in _KEYED_OPTIONS for o in options) or type(options[2]) is tuple and \
+            any(type(w) is not int for w in options[2]):
+        return None
+    try:
+        seqlens = "int" if type(cache_seqlens) is int else _meta(cache_seqlens)
+        same_memory = k is not None and k_cache.data_ptr() == v_cache.data_ptr()
+        return (options, seqlens, same_memory,
+                *map(_meta, (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx,
+                             cache_leftpad, block_table, rotary_seqlens, k_descale,
+                             v_descale)))
+    except (_Uncached, RuntimeError, AttributeError):  # sparse / nested: no strides
+        return None
+
+
+# The option types a signature keys by value (others: validated from scratch per call).
+_KEYED_OPTIONS = frozenset({type(None), bool, int, float, str, tuple})
+# Plans by signature (kernels/_launch.PlanCache: the most recent 512).
+_CALLS = PlanCache()
+
+
+def _plan_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+               cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, *, softmax_scale,
+               causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+               return_softmax_lse, impl, descales):
+    """Every check that a call's signature decides (raising the clear error), and the
+    plan that runs such calls: :class:`_TritonCall` or :class:`_ReferenceCall`."""
+    from attnlab.kernels.dispatch import MAX_SPLITS
 
     _refuse_unsupported(alibi_slopes=alibi_slopes)
     causal = check_bool("causal", causal)
@@ -348,21 +407,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return_softmax_lse = check_bool("return_softmax_lse", return_softmax_lse)
     window, softcap = _check_options(window_size, softcap)
     num_splits = check_int("num_splits", num_splits, minimum=0, maximum=MAX_SPLITS)
-    if max_seqlen_k is not None:
-        max_seqlen_k = check_int("max_seqlen_k", max_seqlen_k, minimum=0)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = check_int("cache_seqlens", cache_seqlens, minimum=0)
     capacity, indices = _check_kvcache_tensors(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table)
-    k_descale, v_descale = kvcache_descales(q, k_cache, v_cache, k_descale, v_descale)
-    cache_seqlens, cache_batch_idx = indices["cache_seqlens"], indices["cache_batch_idx"]
-    cache_leftpad, block_table = indices["cache_leftpad"], indices["block_table"]
+    descales = kvcache_descales(q, k_cache, v_cache, *descales)
     if rotary_seqlens is not None:
-        rotary_seqlens = _check_per_sequence("rotary_seqlens", rotary_seqlens, q.shape[0],
-                                             q.device)
+        indices["rotary_seqlens"] = _check_per_sequence("rotary_seqlens", rotary_seqlens,
+                                                        q.shape[0], q.device)
     impl = _resolve_impl(impl, q)
-    batch, seqlen_q, _, head_dim = q.shape
+    head_dim = q.shape[3]
     scale = check_scale(softmax_scale, head_dim, name="softmax_scale")
     if impl == "triton":
         _check_triton_inputs(q, head_dim, scale, softcap)
@@ -370,46 +425,184 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             if t.stride(-1) != 1:
                 raise ValueError(f"{name} must have unit stride along head_dim (it is updated in "
                                  f"place, so attnlab cannot copy it), got strides {t.stride()}")
+        if capacity >= 2**31 or k_cache.shape[0] >= 2**31:
+            raise ValueError(f"the cache's capacity ({capacity}) must be < 2^31 positions")
     else:  # before the append: a refused call writes nothing into the cache
-        _check_reference_dtypes(q=q, **({} if k_descale is not None else
+        _check_reference_dtypes(q=q, **({} if descales[0] is not None else
                                         {"k_cache": k_cache, "v_cache": v_cache}))
     seqlen_new = 0 if k is None else k.shape[1]
     local = causal or window != (-1, -1)
-    rotary_positions = (max(seqlen_new, seqlen_q) if local else seqlen_new) \
+    rotary_positions = (max(seqlen_new, q.shape[1]) if local else seqlen_new) \
         if rotary_cos is not None else 0
-    live_max = _check_kvcache_contents(
-        q, k_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-        capacity=capacity, seqlen_new=seqlen_new, rotary_positions=rotary_positions,
-        rotary_len=0 if rotary_cos is None else rotary_cos.shape[0],
-        rotary_seqlens=None if rotary_cos is None else rotary_seqlens)
-
-    if rotary_cos is not None:
-        start = as_lengths(cache_seqlens if rotary_seqlens is None else rotary_seqlens, batch,
-                           q.device)
-        q = apply_rotary(q, rotary_cos, rotary_sin,
-                         positions_from(start, seqlen_q, same_position=not local),
-                         interleaved=rotary_interleaved)
-        k = apply_rotary(k, rotary_cos, rotary_sin, positions_from(start, seqlen_new),
-                         interleaved=rotary_interleaved)
-    if k is not None:
-        if k_descale is not None:
-            k, v = quantize_e4m3(k, per_head(k_descale)), quantize_e4m3(v, per_head(v_descale))
-        append_to_cache(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx=cache_batch_idx,
-                        block_table=block_table)
-
-    options = dict(cache_seqlens=cache_seqlens, seqlen_new=seqlen_new,
-                   cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                   block_table=block_table, scale=scale, causal=causal, window=window,
-                   softcap=softcap, k_descale=k_descale, v_descale=v_descale)
+    shape = dict(capacity=capacity, seqlen_new=seqlen_new, rotary_positions=rotary_positions,
+                 rotary_len=0 if rotary_cos is None else rotary_cos.shape[0],
+                 local=local, return_lse=return_softmax_lse,
+                 options=dict(scale=scale, causal=causal, window=window, softcap=softcap))
     if impl == "triton":
-        if q.stride(-1) != 1:
-            q = q.contiguous()
-        out, lse = flash_decode(q, k_cache, v_cache, num_splits=num_splits,
-                                max_seqlen_k=max_seqlen_k if max_seqlen_k is not None else live_max,
-                                **options)
-        _record_impl("triton-decode")
-    else:
-        out, lse = kvcache_attention(q, k_cache, v_cache, **options)
-        _record_impl("reference")
-    return (out, lse) if return_softmax_lse else out
+        # Which index arguments arrive as views the kernels cannot read: copied per call.
+        copies = tuple(isinstance(t, torch.Tensor) and not t.is_contiguous()
+                       for t in (cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                 rotary_seqlens))
+        return _TritonCall(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, indices,
+                           copies=copies, interleaved=rotary_interleaved,
+                           num_splits=num_splits, descales=descales, **shape)
+    return _ReferenceCall(interleaved=rotary_interleaved, **shape)
 
+
+def _check_int_start(cache_seqlens, *, capacity: int, seqlen_new: int, rotary_positions: int,
+                     rotary_len: int) -> int:
+    """An int (or absent) cache_seqlens against the capacity and rotary table: host
+    arithmetic, every call.  Returns the start position."""
+    start = capacity if cache_seqlens is None else cache_seqlens
+    if type(start) is not int:
+        start = check_int("cache_seqlens", start, minimum=0)
+    if start < 0 or start + seqlen_new > capacity:
+        raise ValueError(f"cache_seqlens = {start} must be in [0, capacity - seqlen_new] = "
+                         f"[0, {capacity - seqlen_new}] (capacity {capacity})")
+    if rotary_len and start + rotary_positions > rotary_len:
+        raise ValueError(f"rotary_cos/rotary_sin have {rotary_len} positions but this call "
+                         f"rotates up to position {start + rotary_positions - 1}")
+    return start
+
+
+class _TritonCall:
+    """One signature's Triton path: the append/rotary launch (kernels/append.py) when k
+    and v are given, then the decode plan (kernels/decode.py).  A call checks an int
+    cache_seqlens, copies index tensors the kernels cannot read as given (a strided
+    view), and launches; no value of any tensor is read on the host."""
+
+    def __init__(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, indices, *,
+                 copies, interleaved, num_splits, capacity, seqlen_new, rotary_positions, rotary_len,
+                 local, return_lse, options, descales) -> None:
+        from attnlab.kernels.append import AppendPlan
+        from attnlab.kernels.decode import decode_plan
+
+        self.capacity, self.seqlen_new = capacity, seqlen_new
+        self.rotary_positions, self.rotary_len = rotary_positions, rotary_len
+        self.num_splits, self.return_lse = num_splits, return_lse
+        self.int_seqlens = not isinstance(indices["cache_seqlens"], torch.Tensor)
+        names = ("cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
+                 "rotary_seqlens")
+        self.copies, self.copy_any = copies, any(copies)
+        # rotary_seqlens is read only with rotary (FA3's rule).
+        self.read_rotary_seqlens = rotary_cos is not None
+        kernel_indices = tuple(None if self.int_seqlens and n == "cache_seqlens" else
+                               indices.get(n) for n in names)
+        if not self.read_rotary_seqlens:
+            kernel_indices = (*kernel_indices[:4], None)
+        self.q_copy = q.stride(-1) != 1 and rotary_cos is None
+        attended = q
+        self.append = None
+        if k is not None:
+            self.append = AppendPlan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                     indices=kernel_indices, capacity=capacity,
+                                     interleaved=interleaved, q_same_position=not local,
+                                     descales=descales)
+            if rotary_cos is not None:
+                attended = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if self.q_copy:
+            attended = q.contiguous()
+        self.decode = decode_plan(attended, k_cache, v_cache, seqlen_new=seqlen_new,
+                                  seqlens_tensor=not self.int_seqlens,
+                                  indices=kernel_indices[1:4], descales=descales, **options)
+
+    def __call__(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                 cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, max_seqlen_k,
+                 k_descale, v_descale):
+        # An fp8 cache's descales go to the kernels as given: the plan keeps the strides
+        # of their (batch, kv_heads) views (a view shares its tensor's data pointer).
+        descales = (k_descale, v_descale)
+        if self.int_seqlens:
+            cache_seqlen = _check_int_start(
+                cache_seqlens, capacity=self.capacity, seqlen_new=self.seqlen_new,
+                rotary_positions=self.rotary_positions, rotary_len=self.rotary_len)
+            cache_seqlens = None
+        else:
+            cache_seqlen = 0
+        if not self.read_rotary_seqlens:
+            rotary_seqlens = None
+        indices = (cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_seqlens)
+        if self.copy_any:
+            indices = tuple(t.contiguous() if copy else t
+                            for t, copy in zip(indices, self.copies, strict=True))
+        if self.q_copy:
+            q = q.contiguous()
+        if self.append is not None:
+            q = self.append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, indices,
+                            cache_seqlen, descales)
+        out, lse = self.decode(q, k_cache, v_cache, indices[0], *indices[1:4],
+                               cache_seqlen=cache_seqlen, num_splits=self.num_splits,
+                               max_seqlen_k=max_seqlen_k, descales=descales)
+        _record_impl("triton-decode")
+        return (out, lse) if self.return_lse else out
+
+
+class _ReferenceCall:
+    """One signature's float64 reference path: the index tensors read on the host and
+    checked (ValueError before anything is written), then rotary, the append and the
+    attention of attnlab.reference.decode."""
+
+    def __init__(self, *, interleaved, capacity, seqlen_new, rotary_positions, rotary_len,
+                 local, return_lse, options) -> None:
+        self.interleaved, self.capacity, self.seqlen_new = interleaved, capacity, seqlen_new
+        self.rotary_positions, self.rotary_len = rotary_positions, rotary_len
+        self.local, self.return_lse, self.options = local, return_lse, options
+
+    def __call__(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                 cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, max_seqlen_k,
+                 k_descale, v_descale):
+        from attnlab.reference.decode import (
+            append_to_cache,
+            apply_rotary,
+            as_lengths,
+            kvcache_attention,
+            positions_from,
+        )
+        from attnlab.reference.fp8 import per_head, quantize_e4m3
+
+        cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_seqlens = (
+            t.contiguous() if isinstance(t, torch.Tensor) else t
+            for t in (cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                      rotary_seqlens))
+        if not isinstance(cache_seqlens, torch.Tensor):
+            _check_int_start(cache_seqlens, capacity=self.capacity, seqlen_new=self.seqlen_new,
+                             rotary_positions=self.rotary_positions, rotary_len=self.rotary_len)
+        _check_kvcache_contents(
+            q, k_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+            capacity=self.capacity, seqlen_new=self.seqlen_new,
+            rotary_positions=self.rotary_positions, rotary_len=self.rotary_len,
+            rotary_seqlens=None if rotary_cos is None else rotary_seqlens)
+        batch, seqlen_q = q.shape[:2]
+        if rotary_cos is not None:
+            start = as_lengths(cache_seqlens if rotary_seqlens is None else rotary_seqlens,
+                               batch, q.device)
+            q = apply_rotary(q, rotary_cos, rotary_sin,
+                             positions_from(start, seqlen_q, same_position=not self.local),
+                             interleaved=self.interleaved)
+            k = apply_rotary(k, rotary_cos, rotary_sin, positions_from(start, self.seqlen_new),
+                             interleaved=self.interleaved)
+        k_descale, v_descale = kvcache_descales(q, k_cache, v_cache, k_descale, v_descale)
+        if k is not None:
+            if k_descale is not None:
+                k = quantize_e4m3(k, per_head(k_descale))
+                v = quantize_e4m3(v, per_head(v_descale))
+            append_to_cache(k_cache, v_cache, k, v, cache_seqlens,
+                            cache_batch_idx=cache_batch_idx, block_table=block_table)
+        out, lse = kvcache_attention(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                     seqlen_new=self.seqlen_new, cache_batch_idx=cache_batch_idx,
+                                     cache_leftpad=cache_leftpad, block_table=block_table,
+                                     k_descale=k_descale, v_descale=v_descale, **self.options)
+        _record_impl("reference")
+        return (out, lse) if self.return_lse else out
+
+
+def check_kvcache_indices(device=None) -> None:
+    """Raise ValueError naming every bad index tensor value that an attnlab kernel read
+    on ``device`` (default: the current CUDA device, else the CPU) since the last check
+    -- a cache_seqlens past the capacity, a block_table entry outside the page pool, two
+    sequences appending into one slot, ... (see :func:`flash_attn_with_kvcache`) -- and
+    clear the record.  Returns None when every index was in range.  Synchronises with the
+    device: call it where the caller synchronises anyway (after reading sampled tokens)."""
+    from attnlab.kernels.index_checks import check_index_errors
+
+    check_index_errors(device)

@@ -7,6 +7,8 @@ import torch
 
 from attnlab.api.common import (
     _check_options,
+    _check_page_table,
+    _check_per_sequence,
     _check_reference_dtypes,
     _record_impl,
     _refuse_unsupported,
@@ -21,7 +23,7 @@ from attnlab.checks import (
     check_int,
     check_scale,
 )
-from attnlab.inputs import check_packed
+from attnlab.inputs import check_packed, check_paged_keys
 
 
 def _sequence_lengths(cu_seqlens_q, cu_seqlens_k, q, k
@@ -39,8 +41,9 @@ def cumulative_lengths(device, *named) -> tuple[list[torch.Tensor], list[list[in
     strides taken as given, handed back contiguous) and its per-sequence lengths.
 
     Every cu_seqlens must be 1-D with batch + 1 >= 2 entries (the same batch for all),
-    start at 0, never decrease and end at the tensor's total; their values are read
-    with one device-to-host copy.
+    start at 0, never decrease and end at the tensor's total (a total of None: no last
+    entry to match, a paged cache's keys); their values are read with one
+    device-to-host copy.
     """
     named = [(name, check_index_tensor(name, cu, device=device), tensor, total)
              for name, cu, tensor, total in named]
@@ -65,7 +68,7 @@ def cumulative_lengths(device, *named) -> tuple[list[torch.Tensor], list[list[in
             j = steps.index(min(steps))
             raise ValueError(f"{name} must be non-decreasing, got {name}[{j + 1}] = {cu[j + 1]} "
                              f"< {name}[{j}] = {cu[j]}")
-        if cu[-1] != total:
+        if total is not None and cu[-1] != total:
             raise ValueError(f"{name}[-1] must equal {tensor}'s total tokens {total} "
                              f"({tensor}.shape[0]), got {cu[-1]}")
         lengths.append(steps)
@@ -109,7 +112,8 @@ def _varlen_reference(q, k, v, lengths_q, lengths_k, *, scale, causal, window, s
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None, *, impl="auto"):
+                           return_attn_probs=False, block_table=None, *, seqused_k=None,
+                           impl="auto"):
     """Drop-in for flash-attn's ``flash_attn_varlen_func``: a batch of sequences of any lengths.
 
     q is (total_q, heads, head_dim), k and v (total_k, kv_heads, head_dim): the
@@ -120,24 +124,39 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     bottom-right aligned per sequence; a query with no visible key (or a sequence with
     no keys) outputs zeros and LSE = -inf.
 
+    **Paged keys (chunked prefill)**: with ``block_table`` ((batch, max_pages) int32),
+    k and v are a paged cache (num_pages, page_size, kv_heads, head_dim), page size a
+    multiple of 16, and sequence b's keys are its cache positions ``0 .. n_b`` read
+    through its row of the table, with ``n_b = seqused_k[b]`` when ``seqused_k``
+    ((batch,) int32) is given, else ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``
+    (flash-attn's semantics; ``cu_seqlens_k`` may then be None).  ``seqused_k``
+    without a table uses the first ``seqused_k[b]`` of sequence b's packed keys.  Both
+    are forward only: a call that needs a gradient is refused (NotImplementedError).
+    The table's entries and seqused_k are checked on the device, not the host: a bad
+    one makes that sequence's rows NaN and is reported by
+    :func:`attnlab.check_kvcache_indices` (``impl="reference"`` reads them on the host
+    and raises at once).
+
     Returns ``out`` (total_q, heads, head_dim), or ``(out, softmax_lse, None)`` with
     ``return_attn_probs=True``; LSE is (heads, total_q) float32, flash-attn's varlen layout.
 
     The checks of cu_seqlens (int32, on q's device, 1-D, first entry 0, non-decreasing,
-    last entry = total tokens, the max_seqlen bounds) read their values on the host:
-    one small device-to-host copy per call, so a call cannot be captured in a CUDA
-    graph.  Every check runs before any kernel.  ``block_table`` (a paged KV cache) is
-    not supported.  ``impl="reference"`` runs the float64 reference per sequence.
+    last entry = total tokens (not for a paged cache's keys), the max_seqlen bounds)
+    read their values on the host: one small device-to-host copy per call, so a call
+    cannot be captured in a CUDA graph.  Every check runs before any kernel.
+    ``impl="reference"`` runs the float64 reference per sequence.
     """
-    if block_table is not None:
-        raise NotImplementedError(
-            "block_table must be None: attnlab's varlen call takes contiguous packed k/v, "
-            "not a paged KV cache")
     _refuse_unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
     return_attn_probs = check_bool("return_attn_probs", return_attn_probs)
     window, softcap = _check_options(window_size, softcap)
+    if block_table is not None or seqused_k is not None:
+        out, lse = _used_keys_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, block_table, seqused_k, impl=impl,
+                                     softmax_scale=softmax_scale, causal=causal, window=window,
+                                     softcap=softcap)
+        return (out, lse, None) if return_attn_probs else out
     check_packed(q, k, v)
     impl = _resolve_impl(impl, q)
     scale = check_scale(softmax_scale, q.shape[-1], name="softmax_scale")
@@ -160,6 +179,104 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out, lse = _varlen_reference(q, k, v, lengths_q, lengths_k, **options)
     _record_impl(impl)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _used_keys_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      block_table, seqused_k, *, impl, softmax_scale, causal, window, softcap):
+    """flash_attn_varlen_func with a paged cache and/or seqused_k (forward only)."""
+    paged = block_table is not None
+    if paged:
+        check_paged_keys(q, k, v)
+    else:
+        check_packed(q, k, v)
+    impl = _resolve_impl(impl, q)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError(
+            "flash_attn_varlen_func with block_table or seqused_k is forward only (no "
+            "backward kernel reads pages or used-key counts): call it under torch.no_grad() "
+            "or on tensors that do not require grad")
+    scale = check_scale(softmax_scale, q.shape[-1], name="softmax_scale")
+    if cu_seqlens_k is None and seqused_k is None:
+        raise ValueError("cu_seqlens_k may be None only when seqused_k gives each sequence's "
+                         "keys")
+    named = [("cu_seqlens_q", cu_seqlens_q, "q", q.shape[0])]
+    if cu_seqlens_k is not None:
+        named.append(("cu_seqlens_k", cu_seqlens_k, "k", None if paged else k.shape[0]))
+    cus, lengths = cumulative_lengths(q.device, *named)
+    cu_seqlens_q, lengths_q = cus[0], lengths[0]
+    cu_seqlens_k, lengths_k = (cus[1], lengths[1]) if cu_seqlens_k is not None else (None, None)
+    batch = len(lengths_q)
+    capacity = None
+    if paged:
+        block_table, capacity = _check_page_table(block_table, k, batch, q.device, "k")
+        for b, n in enumerate(lengths_k or ()):
+            if n > capacity:
+                raise ValueError(f"cu_seqlens_k gives sequence {b} {n} keys, more than its "
+                                 f"block_table row holds (capacity {capacity} = "
+                                 f"block_table.shape[1] x page size)")
+    if seqused_k is not None:
+        seqused_k = _check_per_sequence("seqused_k", seqused_k, batch, q.device)
+    _check_max_seqlen("max_seqlen_q", max_seqlen_q, lengths_q)
+    if lengths_k is not None and seqused_k is None:
+        _check_max_seqlen("max_seqlen_k", max_seqlen_k, lengths_k)
+    else:
+        check_int("max_seqlen_k", max_seqlen_k, minimum=0)
+    options = dict(scale=scale, causal=causal, window=window, softcap=softcap)
+    if impl == "triton":
+        q, k, v = _triton_ready(q, k, v, q.shape[-1], scale, softcap)
+        from attnlab.kernels.forward import flash_forward
+
+        out, lse = flash_forward(
+            q, k, v, layout="thd", cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max(lengths_q), max_seqlen_k=capacity or max(lengths_k),
+            block_table=block_table, seqused_k=seqused_k, **options)
+    else:
+        _check_reference_dtypes(q=q, k=k, v=v)
+        keys = _used_key_counts(seqused_k, lengths_k, capacity)
+        if paged:
+            k, v = (_gather_pages(t, block_table, keys) for t in (k, v))
+        else:
+            k, v = (_first_keys(t, lengths_k, keys) for t in (k, v))
+        out, lse = _varlen_reference(q, k, v, lengths_q, keys, **options)
+    _record_impl(impl)
+    return out, lse
+
+
+def _used_key_counts(seqused_k, lengths_k, capacity) -> list[int]:
+    """The reference's keys per sequence: seqused_k read on the host and checked against
+    the keys each sequence has (its cu_seqlens_k length, else the paged capacity)."""
+    if seqused_k is None:
+        return lengths_k
+    used = seqused_k.tolist()
+    for b, n in enumerate(used):
+        limit = capacity if lengths_k is None else lengths_k[b]
+        if not 0 <= n <= limit:
+            raise ValueError(f"seqused_k[{b}] = {n} (keys of the sequence) must be in [0, "
+                             f"{limit}] (the keys sequence {b} has)")
+    return used
+
+
+def _gather_pages(pages, block_table, keys: list[int]) -> torch.Tensor:
+    """Each sequence's first keys[b] cache positions from its pages, packed (thd)."""
+    page_size, rows = pages.shape[1], block_table.tolist()
+    parts = []
+    for b, n in enumerate(keys):
+        used = rows[b][:-(-n // page_size)]
+        for j, page in enumerate(used):
+            if not 0 <= page < pages.shape[0]:
+                raise ValueError(f"block_table[{b}, {j}] = {page} must be a page index in "
+                                 f"[0, num_pages = {pages.shape[0]})")
+        parts.append(pages[torch.tensor(used, dtype=torch.long, device=pages.device)]
+                     .flatten(0, 1)[:n])
+    return torch.cat(parts, dim=0)
+
+
+def _first_keys(packed, lengths_k: list[int], keys: list[int]) -> torch.Tensor:
+    """Each sequence's first keys[b] of its packed keys, packed again."""
+    starts = [0]
+    for n in lengths_k:
+        starts.append(starts[-1] + n)
+    return torch.cat([packed[start:start + n] for start, n in zip(starts, keys, strict=False)])
 
 
 def _check_varlen_packed(name: str, packed, parts: int) -> None:

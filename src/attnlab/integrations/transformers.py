@@ -22,6 +22,11 @@ flash-attn in transformers:
   ``DataCollatorWithFlattening``, or position ids that restart at each document):
   one varlen call with those boundaries, so no document attends to another.
 
+Under autocast, q, k and v that arrive in float32 (Qwen3 normalises q and k in
+float32, so they come out float32 while v is the autocast dtype) run in the autocast
+dtype, as transformers' own flash-attention path does; outside autocast the dtypes
+are the model's and a float32 model is refused by the kernels' dtype check.
+
 Refused with NotImplementedError rather than run without them: dropout, and a mask
 that is not a 2-D padding mask (a 4-D additive mask comes from another mask
 function: :func:`register` installs the matching one).
@@ -99,6 +104,17 @@ def _packed_boundaries(position_ids: torch.Tensor | None, query: torch.Tensor, k
     return cu, cu, longest, longest
 
 
+def _autocast_dtype(query, key, value):
+    """q, k, v in the autocast dtype where autocast is on and some of them are float32
+    (transformers' flash-attention rule), else as given."""
+    device = query.device.type
+    if torch.float32 not in (query.dtype, key.dtype, value.dtype) or \
+            not torch.is_autocast_enabled(device):
+        return query, key, value
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) for t in (query, key, value))
+
+
 def make_attention_forward(impl: str = "auto"):
     """transformers' attention-function signature, bound to one attnlab ``impl``."""
     check_impl(impl)
@@ -114,6 +130,7 @@ def make_attention_forward(impl: str = "auto"):
         # transformers' sliding_window counts the query's own token; flash-attn's left does not.
         window = (sliding_window - 1, -1) if sliding_window else (-1, -1)
         softcap = float(softcap or 0.0)
+        query, key, value = _autocast_dtype(query, key, value)
         if attention_mask is not None:
             options = dict(softmax_scale=scaling, causal=causal, window_size=window,
                            softcap=softcap, impl=impl)

@@ -38,11 +38,22 @@ def _to_e4m3(x, EMULATE: tl.constexpr):
     subtracted rounds to the nearest even integer), so the interpreter's cast only
     re-encodes an exact e4m3 value."""
     if EMULATE:
-        exponent = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
-        step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)
-        rounded = ((x / step + 12582912.0) - 12582912.0) * step
+        rounded = _round_on_grid(x, 3, -6)
         x = tl.where(rounded > 448.0, 448.0, rounded)
     return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def _round_on_grid(x, MANTISSA_BITS: tl.constexpr, MIN_EXPONENT: tl.constexpr):
+    """fp32 x rounded to nearest even on the grid of a float format with MANTISSA_BITS
+    stored bits and normals from 2^MIN_EXPONENT (the subnormal step below), in fp32: the
+    step 2^(e - MANTISSA_BITS) from x's exponent bits; 1.5 * 2^23 added and subtracted
+    rounds x / step to the nearest even integer.  For Triton's CPU interpreter, whose
+    narrowing casts (fp32 -> fp8, bf16, fp16) truncate: after this they re-encode an
+    exact value.  MIN_EXPONENT - MANTISSA_BITS must be >= -126 (an fp32 normal step)."""
+    exponent = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, MIN_EXPONENT)
+    step = ((exponent - MANTISSA_BITS + 127) << 23).to(tl.float32, bitcast=True)
+    return ((x / step + 12582912.0) - 12582912.0) * step
 
 
 @triton.jit
@@ -138,6 +149,139 @@ def _finish_rows(acc, l_i, m_i, sees_key):
     out = tl.where(no_key[:, None], 0.0, acc / l_safe[:, None])
     lse = tl.where(no_key, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     return out, lse
+
+
+# ---------------------------------------------------------------------------
+# Index tensors read on the device (cache_seqlens, cache_leftpad, cache_batch_idx,
+# block_table, seqused_k): every value is range-checked where a kernel reads it, a bad
+# one is recorded in the per-device error record (kernels/index_checks.py: one int64
+# triple per kind, the smallest ``sequence << 32 | x`` wins each slot) and replaced by a
+# safe one, and the sequence's output is NaN.  Nothing is read on the host, so the
+# launches need no synchronisation and capture in CUDA graphs.
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _flag_index_error(ERRORS, KIND: tl.constexpr, seq, column, value, limit, bad):
+    """Record a bad index of kind KIND for sequence ``seq`` where ``bad`` (scalars or
+    vectors alike): where it was (column), what it held (value), the bound it broke."""
+    slot = ERRORS + KIND * 3 + 0 * bad.to(tl.int32)  # one address per lane of ``bad``
+    seq_key = seq.to(tl.int64) << 32
+    tl.atomic_min(slot, seq_key | (column.to(tl.int64) & 0xFFFFFFFF), mask=bad)
+    tl.atomic_min(slot + 1, seq_key | (value.to(tl.int64) & 0xFFFFFFFF), mask=bad)
+    tl.atomic_min(slot + 2, seq_key | (limit.to(tl.int64) & 0xFFFFFFFF), mask=bad)
+
+
+@triton.jit
+def _sequence_bounds(ERRORS, seq, valid, CACHE_SEQLENS, CACHE_LEFTPAD, CACHE_BATCH_IDX,
+                     cache_seqlen, seqlen_new, capacity, cache_batch,
+                     HAS_SEQLENS: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
+                     HAS_BATCH_IDX: tl.constexpr, FLAG: tl.constexpr):
+    """(cache_len, first live key, cache row, bad) of sequence(s) ``seq`` (lanes where
+    ``valid``): cache_seqlens[seq] must lie in [0, capacity - seqlen_new],
+    cache_leftpad[seq] in [0, cache_len], cache_batch_idx[seq] in [0, cache_batch).  A bad
+    sequence reads as an empty one in row 0 (safe addresses) with ``bad`` set; FLAG
+    records it (kinds 0-2 of kernels/index_checks.py)."""
+    bad = seq < 0  # all False: a tensor of seq's shape to or into
+    if HAS_SEQLENS:
+        cache_len = tl.load(CACHE_SEQLENS + seq, mask=valid, other=0)
+        bad_len = valid & ((cache_len < 0) | (cache_len > capacity - seqlen_new))
+        if FLAG:
+            _flag_index_error(ERRORS, 0, seq, 0 * seq, cache_len, capacity - seqlen_new + 0 * seq,
+                              bad_len)
+        bad = bad | bad_len
+    else:
+        cache_len = cache_seqlen + 0 * seq  # host-checked
+    first = 0 * seq
+    if HAS_LEFTPAD:
+        first = tl.load(CACHE_LEFTPAD + seq, mask=valid, other=0)
+        bad_first = valid & ((first < 0) | (first > cache_len))
+        if FLAG:
+            _flag_index_error(ERRORS, 1, seq, 0 * seq, first, cache_len, bad_first)
+        bad = bad | bad_first
+    row = seq
+    if HAS_BATCH_IDX:
+        row = tl.load(CACHE_BATCH_IDX + seq, mask=valid, other=0)
+        bad_row = valid & ((row < 0) | (row >= cache_batch))
+        if FLAG:
+            _flag_index_error(ERRORS, 2, seq, 0 * seq, row, cache_batch + 0 * seq, bad_row)
+        bad = bad | bad_row
+    cache_len = tl.where(bad, 0, cache_len)
+    first = tl.where(bad, 0, first)
+    row = tl.where(bad, 0, row)
+    return cache_len, first, row, bad
+
+
+@triton.jit
+def _page_of(ERRORS, seq, block_table_row, start_n, seqlen_k, num_pages,
+             BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PER_PAGE: tl.constexpr = False):
+    """(page, bad) of keys [start_n, start_n + BLOCK_N) of one sequence: one page (a
+    scalar) when the tile lies in one page, else one per key (padded keys read entry 0).
+    An entry outside [0, num_pages) is recorded (kind 3), read as page 0, and ``bad`` is
+    set: its keys are never loaded from where the entry points.  PER_PAGE (the
+    ``DecodeConfig.paged_loads`` candidate, tiles at multiples of BLOCK_N): a tile
+    spanning pages reads its BLOCK_N / PAGE_SIZE entries once, broadcast to its keys."""
+    if PAGE_SIZE % BLOCK_N != 0 and PER_PAGE and BLOCK_N % PAGE_SIZE == 0:
+        column = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
+        in_range = column * PAGE_SIZE < seqlen_k
+        pages = tl.load(block_table_row + column, mask=in_range, other=0)
+        bad = in_range & ((pages < 0) | (pages >= num_pages))
+        _flag_index_error(ERRORS, 3, seq + 0 * column, column, pages, num_pages + 0 * column,
+                          bad)
+        pages = tl.where(bad, 0, pages)
+        page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)),
+                          (BLOCK_N,))
+        return page.to(tl.int64), tl.max(bad.to(tl.int32), 0)
+    if PAGE_SIZE % BLOCK_N == 0:
+        column = start_n // PAGE_SIZE
+        page = tl.load(block_table_row + column)
+        bad = (page < 0) | (page >= num_pages)
+        any_bad = bad.to(tl.int32)
+    else:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        column = offs_n // PAGE_SIZE
+        in_range = offs_n < seqlen_k
+        page = tl.load(block_table_row + column, mask=in_range, other=0)
+        bad = in_range & ((page < 0) | (page >= num_pages))
+        any_bad = tl.max(bad.to(tl.int32), 0)
+    _flag_index_error(ERRORS, 3, seq + 0 * column, column, page, num_pages + 0 * column, bad)
+    page = tl.where(bad, 0, page)
+    return page.to(tl.int64), any_bad
+
+
+@triton.jit
+def _load_cache_tile(base, page, stride_page, stride_n, start_n, offs_d, seqlen_k,
+                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                     PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr,
+                     PER_PAGE: tl.constexpr = False):
+    """Keys [start_n, start_n + BLOCK_N) of one sequence and KV head, (BLOCK_N, HEAD_DIM_PAD).
+
+    PAGE_SIZE == 0: contiguous, ``base`` points at the sequence's first live key and
+    ``page`` is unused.  Otherwise ``base`` points at the KV head inside page 0 and
+    ``page`` is :func:`_page_of`'s answer for this tile (with the same PER_PAGE)."""
+    if PAGE_SIZE == 0:
+        # Advance the base in 64 bits; the in-tile offsets stay small.
+        return _load_kv_tile(base + tl.cast(start_n, tl.int64) * stride_n, stride_n, 0, offs_d,
+                             seqlen_k - start_n, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+    if PER_PAGE and PAGE_SIZE % BLOCK_N == 0:
+        # One page holds the tile: one scalar base, then a contiguous tile's addresses.
+        tile = base + page * stride_page + tl.cast(start_n % PAGE_SIZE, tl.int64) * stride_n
+        return _load_kv_tile(tile, stride_n, 0, offs_d, seqlen_k - start_n, BLOCK_N, HEAD_DIM,
+                             HEAD_DIM_PAD, MASKED)
+    if PER_PAGE and BLOCK_N % PAGE_SIZE == 0:
+        # Page-local offsets of a tile that starts on a page boundary: runs of PAGE_SIZE
+        # contiguous rows the compiler can see.
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        rows = page * stride_page + (tl.arange(0, BLOCK_N) % PAGE_SIZE) * stride_n
+    else:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        rows = page * stride_page + (offs_n % PAGE_SIZE) * stride_n
+    ptrs = base + rows[:, None] + offs_d[None, :]
+    if MASKED:
+        return tl.load(ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM),
+                       other=0.0)
+    if HEAD_DIM != HEAD_DIM_PAD:
+        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return tl.load(ptrs)
 
 
 # TRITON_INTERPRET=1 at import makes every @triton.jit an InterpretedFunction.

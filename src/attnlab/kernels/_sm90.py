@@ -1,7 +1,7 @@
 """What the Gluon sm_90 kernels share: the Gluon calls whose spelling differs between
 Triton releases (``tma_load_box``), host-side TMA descriptors, the alignment TMA needs,
-the device facts they are sized by, and the SASS disassembler behind the compile-only
-evidence.
+the device facts they are sized by, and the compile-only evidence (SASS from
+``_aot.disassemble``).
 
 Imported only where ``_compat.gluon_refusal()`` is None: the spellings come from its
 probes of the installed Gluon (kernels/_compat.py), never from a version string.
@@ -22,6 +22,7 @@ from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.inputs import layout_named
+from attnlab.kernels._aot import disassemble
 from attnlab.kernels._compat import gluon_api, gluon_refusal, launch_options, log
 from attnlab.kernels._launch import CompiledLaunch, TmaSlot, launch_cached
 
@@ -203,28 +204,6 @@ class PlannedGluonLaunch:
 def box_layout(box: tuple[int, ...], dtype: torch.dtype):
     # Built once per box: each call is several microseconds of host time per launch.
     return gl.NVMMASharedLayout.get_default_for(list(box), GL_DTYPES[dtype])
-
-
-def _cuobjdump() -> str | None:
-    import shutil
-    from pathlib import Path
-    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(bundled) if bundled.exists() else shutil.which("cuobjdump")
-
-
-def disassemble(cubin: bytes) -> str | None:
-    """SASS of a cubin by ``cuobjdump --dump-sass`` (Triton bundles one), or None."""
-    import subprocess
-    import tempfile
-    tool = _cuobjdump()
-    if tool is None:
-        return None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        done = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
-                              check=False)
-    return done.stdout if done.returncode == 0 else None
 
 
 def launch_maxnreg(consumer_warps: int) -> int:

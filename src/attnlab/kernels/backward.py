@@ -43,6 +43,7 @@ from torch.library import wrap_triton
 import attnlab.kernels.dispatch as dispatch
 from attnlab.checks import check_index_tensor, check_instance
 from attnlab.inputs import TORCH_DTYPE_NAMES, AttentionInputs, layout_named
+from attnlab.kernels._aot import compile_triton
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -634,46 +635,29 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
 # Ahead of time, without a GPU: can ptxas build these tiles?
 # ---------------------------------------------------------------------------
 
-_SCALAR_ARGS = ("qk_scale", "softcap_log2", "softcap_inv", "scale")
-_FP32_POINTERS = ("LSE", "DLSE", "DELTA", "LSE_LOG2")
-
-
-def _sm90_signature(kernel, dtype: str, constants: dict) -> tuple[dict, dict]:
-    """A launch's signature on contiguous tensors: every pointer and stride 16-divisible."""
-    signature, attrs = {}, {}
-    for index, name in enumerate(kernel.arg_names):
-        if name in constants:
-            signature[name] = "constexpr"
-            continue
-        if name.isupper():  # the kernels' pointers are named in capitals
-            signature[name] = ("*fp32" if name in _FP32_POINTERS else
-                               "*i32" if name.startswith("CU_SEQLENS") else f"*{dtype}")
-        else:
-            signature[name] = "fp32" if name in _SCALAR_ARGS else "i32"
-        if name.isupper() or name.startswith("stride"):
-            attrs[(index,)] = [["tt.divisibility", 16]]
-    return signature, attrs
-
-
 def compile_for_sm90(head_dim: int, config: BackwardConfig, *, dtype: str = "bf16",
-                     causal: bool = False, softcap: bool = False, varlen: bool = False) -> tuple:
-    """The dK/dV and dQ kernels as a call with these options compiles them for
-    sm_90a, here, without a GPU; raises Triton's PTXASError where ptxas cannot build
-    them (Triton 3.6's ptxas dies with SIGSEGV on some dQ tiles at head_dim 16 and 32
-    with softcap: ``bench/ptxas_configs.py``, ``configs._BACKWARD_BASE``)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    masks = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_padded(head_dim), HAS_LEFT=False,
-                 HAS_RIGHT=causal, HAS_SOFTCAP=softcap, IS_VARLEN=varlen, UPCAST_DOT=False)
+                     causal: bool = False, window: bool = False, softcap: bool = False,
+                     varlen: bool = False, write_lse_log2: bool = False,
+                     kernels: tuple[str, ...] = ("dkdv", "dq")) -> tuple:
+    """The dK/dV and dQ kernels (those of ``kernels``, in that order) as a call with these
+    options compiles them for sm_90a, here, without a GPU (``kernels/_aot``); ``window``
+    is a two-sided sliding window, ``write_lse_log2`` the dQ kernel that feeds the Gluon
+    dK/dV kernel.  Raises Triton's PTXASError where ptxas cannot build one (Triton 3.6's
+    ptxas dies with SIGSEGV on two-stage dQ tiles at head_dim 16 and 32:
+    ``bench/ptxas_configs.py``, ``configs._BACKWARD_BASE``)."""
+    masks = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_padded(head_dim), HAS_LEFT=window,
+                 HAS_RIGHT=causal or window, HAS_SOFTCAP=softcap, IS_VARLEN=varlen,
+                 UPCAST_DOT=False)
+    launches = {
+        "dkdv": (_attn_bwd_dkdv, dict(masks, BLOCK_M=config.dkdv_block_m,
+                                      BLOCK_N=config.dkdv_block_n)),
+        "dq": (_attn_bwd_dq, dict(masks, BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n,
+                                  REVERSE_M=causal or window, HAS_DLSE=False,
+                                  WRITE_LSE_LOG2=write_lse_log2)),
+    }
     compiled = []
-    for kernel, constants in (
-            (_attn_bwd_dkdv, dict(masks, BLOCK_M=config.dkdv_block_m,
-                                  BLOCK_N=config.dkdv_block_n)),
-            (_attn_bwd_dq, dict(masks, BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n,
-                                REVERSE_M=causal, HAS_DLSE=False, WRITE_LSE_LOG2=False))):
-        signature, attrs = _sm90_signature(kernel, dtype, constants)
-        source = ASTSource(kernel, signature, constants, attrs)
-        compiled.append(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={
-            "num_warps": config.num_warps, "num_stages": config.num_stages}))
+    for name in kernels:
+        kernel, constants = launches[name]
+        compiled.append(compile_triton(kernel, dtype, constants, num_warps=config.num_warps,
+                                       num_stages=config.num_stages))
     return tuple(compiled)

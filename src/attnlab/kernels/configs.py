@@ -33,6 +33,10 @@ class ForwardConfig:
 INTERPRETER_CONFIG = ForwardConfig(block_m=64, block_n=64, num_warps=4, num_stages=1)
 
 
+# The length bands the tuning tables are keyed on.
+LENGTH_BUCKETS = (1024, 2048, 4096, 8192, 16384)
+
+
 def length_bucket(seqlen: int) -> int:
     """Length bands the tuning table is keyed on: next power of two, 1k..16k clamp."""
     bucket = 1024
@@ -114,9 +118,19 @@ def forward_config(shape: AttentionShape, *, interpreted: bool = False) -> Forwa
     """The tiling for one call: tuned per (padded head dim, masked or not, length bucket)."""
     if interpreted:
         return INTERPRETER_CONFIG
-    key = (head_dim_padded(shape.head_dim), shape.causal or shape.has_window)
-    bucket = length_bucket(max(shape.seqlen_q, shape.seqlen_k))
-    return TUNED.get((*key, bucket), _BASE[key])
+    return _forward_entry(head_dim_padded(shape.head_dim), shape.causal or shape.has_window,
+                          length_bucket(max(shape.seqlen_q, shape.seqlen_k)))
+
+
+def _forward_entry(head_dim_pad: int, masked: bool, bucket: int) -> ForwardConfig:
+    return TUNED.get((head_dim_pad, masked, bucket), _BASE[head_dim_pad, masked])
+
+
+def forward_choices(head_dim: int, masked: bool) -> tuple[ForwardConfig, ...]:
+    """Every config :func:`forward_config` can give a call at this head dim, masked or not
+    (over all lengths): what must build on every supported Triton (bench/ptxas_configs.py)."""
+    return tuple(dict.fromkeys(_forward_entry(head_dim_padded(head_dim), masked, bucket)
+                               for bucket in LENGTH_BUCKETS))
 
 
 # ---------------------------------------------------------------------------
@@ -192,15 +206,39 @@ def backward_config(shape: AttentionShape, *, interpreted: bool = False) -> Back
     """The backward tiling for one call, keyed like :func:`forward_config`."""
     if interpreted:
         return INTERPRETER_BACKWARD_CONFIG
-    key = (head_dim_padded(shape.head_dim), shape.causal or shape.has_window)
-    bucket = length_bucket(max(shape.seqlen_q, shape.seqlen_k))
+    return _backward_entry(head_dim_padded(shape.head_dim), shape.causal or shape.has_window,
+                           length_bucket(max(shape.seqlen_q, shape.seqlen_k)))
+
+
+def _backward_entry(head_dim_pad: int, masked: bool, bucket: int) -> BackwardConfig:
     # A bucket the sweep did not measure takes the nearest measured bucket of the same
     # (head dim, masked) before the untuned base: a measured tile beats a guess.
-    measured = [b for (d, m, b) in BACKWARD_TUNED if (d, m) == key]
+    measured = [b for (d, m, b) in BACKWARD_TUNED if (d, m) == (head_dim_pad, masked)]
     if not measured:
-        return _BACKWARD_BASE[key]
+        return _BACKWARD_BASE[head_dim_pad, masked]
     nearest = min(measured, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), b))
-    return BACKWARD_TUNED[(*key, nearest)]
+    return BACKWARD_TUNED[head_dim_pad, masked, nearest]
+
+
+def backward_choices(head_dim: int, masked: bool) -> tuple[BackwardConfig, ...]:
+    """Every config :func:`backward_config` can give a call at this head dim, masked or
+    not (over all lengths), as :func:`forward_choices`."""
+    return tuple(dict.fromkeys(_backward_entry(head_dim_padded(head_dim), masked, bucket)
+                               for bucket in LENGTH_BUCKETS))
+
+
+# ----- what ptxas cannot build --------------------------------------------------------------
+# (kernel, head_dim_pad, config) -> where ptxas failed to build it for sm_90a (compiled on
+# the CPU by bench/ptxas_configs.py; the builds are in bench/results/ptxas/).  No table
+# above may choose one (tests/test_ptxas_configs.py).  Kernels: "triton-forward",
+# "triton-dkdv", "triton-dq".
+PTXAS_FAILURES: dict[tuple[str, int, ForwardConfig | BackwardConfig], str] = {
+    ("triton-dq", 16, BackwardConfig(64, 128, 128, 64, 8, 2)):
+        "Triton 3.6.0: ptxas SIGSEGV, e.g. d=16 causal bf16 and d=16 softcap (NOTES B15)",
+    ("triton-dq", 32, BackwardConfig(64, 128, 128, 64, 8, 2)):
+        "Triton 3.6.0: ptxas SIGSEGV, e.g. d=32 causal bf16 and d=32 fp16 softcap varlen "
+        "(NOTES B15)",
+}
 
 
 # ----- decode (split-KV) ---------------------------------------------------------------
@@ -211,18 +249,34 @@ class DecodeConfig:
     ``block_n`` keys per loop step; ``ctas_per_sm`` is how many split programs of this
     tiling one SM holds at once (shared memory bound: num_stages K+V tiles of
     block_n x d), which is what the split-count heuristic fills.
+
+    ``paged_loads`` (a paged cache only): ``"per_key"`` addresses every key of a tile
+    from its own table entry and its offset ``(start_n + i) % page_size``, which the
+    compiler cannot prove contiguous or aligned (the issue #32 measurements: paged at
+    0.69-0.82x of contiguous from 32k keys); ``"per_page"`` is the candidate: tiles
+    start at multiples of block_n (hinted), a tile inside one page is addressed from one
+    scalar base exactly like a contiguous tile, and a tile spanning pages reads its
+    block_n / page_size table entries once and broadcasts them over page-local offsets
+    (``bench/decode_h200.py --phases paged_sweep`` measures both).
     """
 
     block_n: int
     num_warps: int
     num_stages: int
     ctas_per_sm: int
+    paged_loads: str = "per_key"
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
             raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
         if self.ctas_per_sm < 1:
             raise ValueError(f"ctas_per_sm must be >= 1, got {self.ctas_per_sm}")
+        if self.paged_loads not in PAGED_LOADS:
+            raise ValueError(f"paged_loads must be one of {', '.join(PAGED_LOADS)}, got "
+                             f"{self.paged_loads!r}")
+
+
+PAGED_LOADS = ("per_key", "per_page")
 
 
 # Small key tiles on the CPU, so test caches of a few hundred keys span several tiles

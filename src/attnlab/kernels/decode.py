@@ -22,6 +22,12 @@ live length, read on the device: the grid is sized on the host from an upper bou
 (the call's known length, ``max_seqlen_k``, or the cache capacity) and programs past
 their sequence's end do no loads and write LSE = -inf, which the combine drops.  No
 host sync, no data-dependent allocation: the launch works under CUDA-graph capture.
+Every index a program reads (cache_seqlens, cache_leftpad, cache_batch_idx, the
+block_table entries it uses) is range-checked there: a bad one is never an address,
+its sequence's rows come out NaN, and it is recorded (kernels/index_checks.py).
+What a call signature fixes (tiles, strides, grids, the launches' constant arguments,
+the compiled kernels) is kept per signature (``_DecodePlan``); a call picks its split
+count from host-known sizes (kernels/dispatch.py), allocates and launches.
 
 Cache forms: contiguous ``(cache_batch, capacity, kv_heads, d)`` (any strides with a
 unit last one; ``cache_batch_idx`` picks rows, ``cache_leftpad`` the first live key)
@@ -33,21 +39,24 @@ is 8.6e9) are 64-bit.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
+import attnlab.kernels.dispatch as dispatch
+import attnlab.kernels.index_checks as index_checks
 from attnlab.inputs import layout_named
+from attnlab.kernels._launch import DirectLauncher, PlanCache, PlannedLaunch, tensor_key
 from attnlab.kernels._primitives import (
     LOG2E,
     _finish_rows,
     _kv_band_bounds,
-    _load_kv_tile,
+    _load_cache_tile,
     _mma,
     _online_softmax_step,
+    _page_of,
     _row_sees_keys,
+    _sequence_bounds,
     kernel_is_interpreted,
 )
 from attnlab.kernels.configs import DecodeConfig, decode_config, head_dim_padded
@@ -55,42 +64,9 @@ from attnlab.masking import effective_window, reach_window
 
 
 @triton.jit
-def _load_cache_tile(base, block_table_row, stride_page, stride_n, start_n, offs_d, seqlen_k,
-                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                     PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):
-    """Keys [start_n, start_n + BLOCK_N) of one sequence and KV head, (BLOCK_N, HEAD_DIM_PAD).
-
-    PAGE_SIZE == 0: contiguous, ``base`` points at the sequence's first live key.
-    Otherwise ``base`` points at the KV head inside page 0 and ``block_table_row`` at
-    the sequence's page list; key n lives in page ``block_table[n // PAGE_SIZE]``.
-    """
-    if PAGE_SIZE == 0:
-        # Advance the base in 64 bits; the in-tile offsets stay small.
-        return _load_kv_tile(base + tl.cast(start_n, tl.int64) * stride_n, stride_n, 0, offs_d,
-                             seqlen_k - start_n, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    if PAGE_SIZE % BLOCK_N == 0:
-        # The whole tile lies in one page: one table entry, rows contiguous in it.
-        page = tl.load(block_table_row + start_n // PAGE_SIZE).to(tl.int64)
-        rows = page * stride_page + (offs_n % PAGE_SIZE) * stride_n
-    else:
-        # The tile crosses pages: look the page up per row (padded rows read entry 0).
-        in_range = offs_n < seqlen_k
-        page = tl.load(block_table_row + offs_n // PAGE_SIZE, mask=in_range, other=0)
-        rows = page.to(tl.int64) * stride_page + (offs_n % PAGE_SIZE) * stride_n
-    ptrs = base + rows[:, None] + offs_d[None, :]
-    if MASKED:
-        return tl.load(ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM),
-                       other=0.0)
-    if HEAD_DIM != HEAD_DIM_PAD:
-        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    return tl.load(ptrs)
-
-
-@triton.jit
 def _decode_tiles(
-    acc, l_i, m_i, q,
-    k_base, v_base, block_table_row,
+    acc, l_i, m_i, bad, q,
+    k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
     stride_kpage, stride_kn, stride_vpage, stride_vn,
     offs_m, offs_d, kv_start, kv_end,
     seqlen_k, diag_offset, window_left, window_right,
@@ -98,36 +74,52 @@ def _decode_tiles(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr,
 ):
-    """Fold the cache's key tiles [kv_start, kv_end) into the running state (m_i, l_i, acc).
+    """Fold the cache's key tiles [kv_start, kv_end) into the running state (m_i, l_i,
+    acc); ``bad`` turns 1 where a page entry is out of range (_page_of).
 
     An fp8 cache's tiles are converted to q's dtype as they are loaded (exact: every e4m3
     value is a bf16 and an fp16 value); its descale factors live outside the loop."""
     for start_n in range(kv_start, kv_end, BLOCK_N):
-        k = _load_cache_tile(k_base, block_table_row, stride_kpage, stride_kn, start_n, offs_d,
-                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE,
-                             MASKED).to(q.dtype)
+        if PER_PAGE:
+            # Every stage starts on a multiple of BLOCK_N (the band and split bounds are).
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+        if PAGE_SIZE == 0:
+            page = 0
+        else:
+            # One table lookup per tile serves both K and V.
+            page, tile_bad = _page_of(ERRORS, off_b, block_table_row, start_n, seqlen_k,
+                                      num_pages, BLOCK_N, PAGE_SIZE, PER_PAGE)
+            bad = bad | tile_bad
+        k = _load_cache_tile(k_base, page, stride_kpage, stride_kn, start_n, offs_d,
+                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED,
+                             PER_PAGE).to(q.dtype)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST_DOT)
         p, alpha, m_i, l_i = _online_softmax_step(
             qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, window_left, window_right,
             qk_scale, softcap_log2, softcap_inv, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
-        v = _load_cache_tile(v_base, block_table_row, stride_vpage, stride_vn, start_n, offs_d,
-                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE,
-                             MASKED).to(q.dtype)
+        v = _load_cache_tile(v_base, page, stride_vpage, stride_vn, start_n, offs_d,
+                             seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED,
+                             PER_PAGE).to(q.dtype)
         acc = acc * alpha[:, None]
         acc = _mma(p.to(v.dtype), v, acc, UPCAST_DOT)
-    return acc, l_i, m_i
+    return acc, l_i, m_i, bad
 
 
 # Lengths, head counts and split counts change per call: not specialised (one compile).
-@triton.jit(do_not_specialize=["num_kv_heads", "group_size", "seqlen_q", "cache_seqlen",
-                               "seqlen_new", "num_splits", "window_left", "window_right"])
+# The arguments that change from call to call with one plan (cache_seqlen) come right
+# after the tensors: a planned launch passes them with the tensors.
+@triton.jit(do_not_specialize=["cache_seqlen", "num_kv_heads", "group_size", "seqlen_q",
+                               "seqlen_new", "num_splits", "window_left", "window_right",
+                               "capacity", "cache_batch", "num_pages"])
 def _split_kv_decode(
     # pointers
     Q, K, V, O_PART, LSE_PART, OUT, LSE_OUT,
-    CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE,
+    CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE, ERRORS,
     K_DESCALE, V_DESCALE,  # an fp8 cache's (batch, kv_heads) fp32 factors (DESCALED)
+    # the call's int cache_seqlens (unused with the tensor)
+    cache_seqlen,
     # strides (batch, seq, head); the head dim is unit-stride.  For a paged cache the
     # "batch" stride of K/V is the page stride.
     stride_qb, stride_qm, stride_qh,
@@ -137,8 +129,8 @@ def _split_kv_decode(
     stride_block_table,
     stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     # sizes
-    num_kv_heads, group_size, seqlen_q, cache_seqlen, seqlen_new, num_splits,
-    window_left, window_right,
+    num_kv_heads, group_size, seqlen_q, seqlen_new, num_splits,
+    window_left, window_right, capacity, cache_batch, num_pages,
     # scalars
     qk_scale, softcap_log2, softcap_inv,
     # meta-parameters
@@ -146,7 +138,8 @@ def _split_kv_decode(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr, DESCALED: tl.constexpr,
+    WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr,
+    DESCALED: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -162,15 +155,13 @@ def _split_kv_decode(
         qk_scale = qk_scale * k_descale
         softcap_inv = softcap_inv * k_descale
 
-    # This sequence's live keys: cache positions [kv_first, cache_len + seqlen_new).
-    if HAS_SEQLENS:  # noqa: SIM108 -- a constexpr branch, not a runtime select
-        cache_len = tl.load(CACHE_SEQLENS + off_b)
-    else:
-        cache_len = cache_seqlen
-    kv_first = 0
-    if HAS_LEFTPAD:
-        kv_first = tl.load(CACHE_LEFTPAD + off_b)
-    seqlen_k = cache_len + seqlen_new - kv_first
+    # This sequence's live keys: cache positions [kv_first, cache_len + seqlen_new), each
+    # index read and range-checked on the device (a bad one: no keys, NaN out).
+    cache_len, kv_first, cache_b, seq_bad = _sequence_bounds(
+        ERRORS, off_b, off_b >= 0, CACHE_SEQLENS, CACHE_LEFTPAD, CACHE_BATCH_IDX,
+        cache_seqlen, seqlen_new, capacity, cache_batch, HAS_SEQLENS, HAS_LEFTPAD,
+        HAS_BATCH_IDX, True)
+    seqlen_k = tl.where(seq_bad, 0, cache_len + seqlen_new - kv_first)
 
     # The reference's split rule on this sequence's own tiles.
     kv_tiles = tl.cdiv(seqlen_k, BLOCK_N)
@@ -193,10 +184,7 @@ def _split_kv_decode(
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)
 
     if PAGE_SIZE == 0:
-        if HAS_BATCH_IDX:
-            cache_b = tl.load(CACHE_BATCH_IDX + off_b).to(tl.int64)
-        else:
-            cache_b = off_b.to(tl.int64)
+        cache_b = cache_b.to(tl.int64)
         k_base = K + cache_b * stride_kb + off_hk.to(tl.int64) * stride_kh
         v_base = V + cache_b * stride_vb + off_hk.to(tl.int64) * stride_vh
         if HAS_LEFTPAD:
@@ -211,6 +199,7 @@ def _split_kv_decode(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    bad = seq_bad.to(tl.int32)
 
     # Bottom-right alignment over this sequence's live keys; the band of the block's
     # real query positions, cut to this split's keys.
@@ -225,32 +214,33 @@ def _split_kv_decode(
     full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
     full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
 
-    # Stage 1: tiles cut by the window's left edge; stage 2: tiles every row sees in
-    # full (no mask); stage 3: the diagonal and the ragged last tile.
-    acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, k_base, v_base, block_table_row, stride_kb, stride_kn, stride_vb,
-        stride_vn, offs_m, offs_d, lo, full_lo, seqlen_k, diag_offset, window_left,
-        window_right, qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM,
-        HEAD_DIM_PAD, PAGE_SIZE, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
-    acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, k_base, v_base, block_table_row, stride_kb, stride_kn, stride_vb,
-        stride_vn, offs_m, offs_d, full_lo, full_hi, seqlen_k, diag_offset, window_left,
-        window_right, qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM,
-        HEAD_DIM_PAD, PAGE_SIZE, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
-    acc, l_i, m_i = _decode_tiles(
-        acc, l_i, m_i, q, k_base, v_base, block_table_row, stride_kb, stride_kn, stride_vb,
-        stride_vn, offs_m, offs_d, full_hi, hi, seqlen_k, diag_offset, window_left,
-        window_right, qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM,
-        HEAD_DIM_PAD, PAGE_SIZE, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+    # Stage 0: tiles cut by the window's left edge; stage 1: tiles every row sees in
+    # full (no mask); stage 2: the diagonal and the ragged last tile (unrolled).
+    for stage in tl.static_range(3):
+        if stage == 0:
+            start, end = lo, full_lo
+        elif stage == 1:
+            start, end = full_lo, full_hi
+        else:
+            start, end = full_hi, hi
+        acc, l_i, m_i, bad = _decode_tiles(
+            acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
+            stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, start, end, seqlen_k,
+            diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, stage != 1, HAS_LEFT,
+            HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, PER_PAGE)
 
     # A row that sees no key of this split (an empty split, a hidden row): O = 0,
     # LSE = -inf, which the combine drops; a NaN stays NaN (_finish_rows), so the
-    # combine cannot drop it.
+    # combine cannot drop it.  A bad index makes the whole split NaN, so the combined
+    # row is NaN too.
     sees_key = _row_sees_keys(offs_m, split_lo, split_hi, diag_offset, window_left,
                               window_right, HAS_LEFT, HAS_RIGHT)
     out, lse = _finish_rows(acc, l_i, m_i, sees_key)
     if DESCALED:
         out = out * tl.load(V_DESCALE + off_b * stride_vdb + off_hk * stride_vdh)
+    out = tl.where(bad != 0, float("nan"), out)
+    lse = tl.where(bad != 0, float("nan"), lse)
     if WRITE_PARTIAL:
         # Partials are (batch, seqlen_q, heads, num_splits, head_dim) fp32: the combine
         # reads one output row's splits as one contiguous block.
@@ -324,79 +314,17 @@ def _combine_partials(
 
 
 # ---------------------------------------------------------------------------
-# Policy: how many splits, and when attention()/flash_attn_func take this path
+# Tiling (the split count: kernels/dispatch.py)
 # ---------------------------------------------------------------------------
 
-MAX_SPLITS = 128
-# A split shorter than this many key tiles costs more in partial traffic and launch
-# tail than its parallelism returns (FlashInfer's floor is a 128-token chunk).
-MIN_TILES_PER_SPLIT = 2
-WAVE_EFFICIENCY_FRACTION = 0.85
-# Nominal SM count where no GPU is visible (the CPU interpreter): the H200's.
-NOMINAL_SM_COUNT = 132
 MIN_BLOCK_M = 16  # tl.dot's smallest M
 MAX_BLOCK_M = 64
-
-
-def wave_efficiency(blocks: int, slots: int) -> float:
-    """Busy fraction of ``slots`` concurrent program slots over the waves ``blocks`` need."""
-    return blocks / (slots * math.ceil(blocks / slots))
-
-
-def choose_num_splits(*, batch: int, kv_heads: int, row_blocks: int, kv_tiles: int,
-                      sm_count: int, ctas_per_sm: int) -> int:
-    """Split count for one launch: enough programs to fill the GPU's program slots.
-
-    ``kv_tiles`` is the longest sequence's key tiles (an upper bound is fine: every
-    sequence divides its own tiles).  The arithmetic, with ``base = batch x kv_heads x
-    row_blocks`` unsplit programs and ``slots = sm_count x ctas_per_sm`` programs the
-    GPU holds at once (1 per SM at d = 128: 192 KiB of K/V stages each):
-
-    1. a split is worth it only if every split keeps >= MIN_TILES_PER_SPLIT tiles, so
-       candidates run 1 .. min(128, kv_tiles // 2), and only counts the reference's
-       ceil rule really uses (``ceil(tiles / ceil(tiles / s))``: no empty splits);
-    2. wave efficiency ``e(s) = base*s / (slots * ceil(base*s / slots))``; take the
-       smallest ``s`` with ``e(s) >= 0.85 * max e`` (fewer splits: less partial traffic).
-
-    Examples on the H200 with the tuned d = 128 tiling (132 SMs, one 128-key program per
-    SM, so 132 slots; one query, 8 KV heads): batch 1 x 32k (256 tiles): base 8, the best
-    e is 1.0 at 33 splits; 14 splits give 112/132 = 0.85 -> 14 splits of 19 tiles (the
-    tuning run measured 50.9 us against 52.8 us for 29 splits).  Batch 16 x 32k: base
-    128, e(1) = 128/132 = 0.97 -> no split (4.38 TB/s measured).  Batch 64: base 512 >=
-    132 slots -> no split.
-
-    Peers (../shared/research/hopper-kernels.md): FA3 takes 1 split when base >= 0.8 x
-    SMs, else the same 85%-of-best rule counted in SMs (one CTA per SM: its TMA
-    pipeline is deep enough), capped at 128: 15 splits at batch 1 x 8 KV heads.
-    This counts program slots (SMs x resident programs of the tiling): with the tuned
-    one-program-per-SM tiling at d = 128 that is FA3's count; a tiling with two
-    resident programs per SM asks for about twice FA3's splits, which measured slower.
-    FlashInfer: no split if batch x KV heads fills the grid, else a binary search for
-    the smallest chunk (>= 128 tokens) keeping CTAs <= SMs x CTAs/SM -- the same slot
-    count, searched by chunk length.  SGLang's Triton decode defaults to 8 splits
-    whatever the shape, which underfills batch 1 (its PR #27786: 1.2-3.5x from more).
-    """
-    base = batch * kv_heads * row_blocks
-    slots = sm_count * ctas_per_sm
-    most = max(1, min(MAX_SPLITS, kv_tiles // MIN_TILES_PER_SPLIT))
-    if base >= slots or most == 1:
-        return 1
-    candidates = sorted({math.ceil(kv_tiles / math.ceil(kv_tiles / s)) for s in range(1, most + 1)})
-    efficiencies = {s: wave_efficiency(base * s, slots) for s in candidates}
-    best = max(efficiencies.values())
-    return next(s for s in candidates if efficiencies[s] >= WAVE_EFFICIENCY_FRACTION * best)
 
 
 def packed_block_m(group_size: int, seqlen_q: int) -> int:
     """Packed rows per program: the group's query rows, padded to 16, at most 64."""
     rows = group_size * seqlen_q
     return min(MAX_BLOCK_M, max(MIN_BLOCK_M, triton.next_power_of_2(rows)))
-
-
-def sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return NOMINAL_SM_COUNT
 
 
 # ---------------------------------------------------------------------------
@@ -420,8 +348,10 @@ def flash_decode(
     (num_pages, page_size, kv_heads, d) with ``block_table`` (batch, max_pages) int32.
     Keys of sequence b are cache positions ``[leftpad[b], cache_seqlens[b] + seqlen_new)``
     (``cache_seqlens`` None: the whole capacity).  ``num_splits=0`` picks the count
-    (:func:`choose_num_splits`) from ``max_seqlen_k`` if given, else from the longest
-    length the host knows without a sync (an int ``cache_seqlens``, or the capacity).
+    (:func:`attnlab.kernels.dispatch.choose_num_splits`) from ``max_seqlen_k`` if given,
+    else from the longest length the host knows without reading a tensor (an int
+    ``cache_seqlens``, or the capacity).  The index tensors are read and range-checked
+    on the device only (kernels/index_checks.py).
     Out has q's layout and dtype; LSE is (batch, heads, seqlen_q) fp32, natural log.
     ``return_partials=True`` always runs the split path and also returns the partial
     (O, LSE) as (batch, seqlen_q, heads, num_splits[, d]) fp32, for the tests.
@@ -429,85 +359,172 @@ def flash_decode(
     views (any strides; :func:`attnlab.checks.check_descale` builds them): the real
     cache is the stored one times them (per query sequence b, as FA3 indexes them).
     """
-    lay = layout_named(layout)
-    batch, seqlen_q, num_heads, head_dim = q.shape[0], lay.seqlen(q), lay.heads(q), q.shape[-1]
-    paged = block_table is not None
-    if paged:
-        page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-        capacity = block_table.shape[1] * page_size
-        stride_k = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
-        stride_v = (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
-    else:
-        page_size = 0
-        stride_k, stride_v = lay.bsh_strides(k_cache), lay.bsh_strides(v_cache)
-        capacity, num_kv_heads = lay.seqlen(k_cache), lay.heads(k_cache)
-    group_size = num_heads // num_kv_heads
-    interpreted = kernel_is_interpreted()
-    descaled = k_descale is not None
-    if config is None:
-        config = decode_config(head_dim, interpreted=interpreted, fp8_cache=descaled)
-    head_dim_pad = head_dim_padded(head_dim)
-    block_m = packed_block_m(group_size, seqlen_q)
-    row_blocks = triton.cdiv(group_size * seqlen_q, block_m)
-
     seqlens_tensor = isinstance(cache_seqlens, torch.Tensor)
-    cache_seqlen = capacity if cache_seqlens is None else (0 if seqlens_tensor else int(cache_seqlens))
-    if max_seqlen_k is None:
-        max_seqlen_k = capacity if seqlens_tensor else cache_seqlen + seqlen_new
-    if num_splits == 0:
-        num_splits = choose_num_splits(
-            batch=batch, kv_heads=num_kv_heads, row_blocks=row_blocks,
-            kv_tiles=max(1, triton.cdiv(max_seqlen_k, config.block_n)),
-            sm_count=sm_count(q.device), ctas_per_sm=config.ctas_per_sm)
-    write_partial = num_splits > 1 or return_partials
-
-    out_shape = lay.shape(batch, seqlen_q, num_heads, head_dim)
-    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, num_heads, seqlen_q), dtype=torch.float32, device=q.device)
-    if write_partial:
-        o_part = torch.empty((batch, seqlen_q, num_heads, num_splits, head_dim),
-                             dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((batch, seqlen_q, num_heads, num_splits),
-                               dtype=torch.float32, device=q.device)
+    plan = decode_plan(q, k_cache, v_cache, layout=layout, scale=scale, causal=causal,
+                       window=window, softcap=softcap, seqlens_tensor=seqlens_tensor,
+                       seqlen_new=seqlen_new, indices=(cache_batch_idx, cache_leftpad, block_table),
+                       config=config, return_partials=return_partials,
+                       descales=(k_descale, v_descale))
+    if seqlens_tensor:
+        cache_seqlen = 0
     else:
-        o_part = lse_part = lse  # never touched: WRITE_PARTIAL is off
+        cache_seqlen = plan.capacity if cache_seqlens is None else cache_seqlens
+    return plan(q, k_cache, v_cache, cache_seqlens if seqlens_tensor else None,
+                cache_batch_idx, cache_leftpad, block_table, cache_seqlen=cache_seqlen,
+                num_splits=num_splits, max_seqlen_k=max_seqlen_k,
+                descales=(k_descale, v_descale))
 
-    window_left, window_right = reach_window(effective_window(causal, window), seqlen_q, capacity)
-    unused = lse  # a valid pointer for arguments a constexpr switch turns off
-    grid = (batch * num_kv_heads, num_splits, row_blocks)
-    _split_kv_decode[grid](
-        q, k_cache, v_cache, o_part, lse_part, out, lse,
-        cache_seqlens if seqlens_tensor else unused,
-        cache_batch_idx if cache_batch_idx is not None else unused,
-        cache_leftpad if cache_leftpad is not None else unused,
-        block_table if paged else unused,
-        k_descale if descaled else unused, v_descale if descaled else unused,
-        *lay.bsh_strides(q), *stride_k, *stride_v, *lay.bsh_strides(out),
-        block_table.stride(0) if paged else 0,
-        *(k_descale.stride() if descaled else (0, 0)),
-        *(v_descale.stride() if descaled else (0, 0)),
-        num_kv_heads, group_size, seqlen_q, cache_seqlen, seqlen_new, num_splits,
-        max(window_left, 0), max(window_right, 0),
-        scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=block_m,
-        BLOCK_N=config.block_n, PAGE_SIZE=page_size,
-        HAS_SEQLENS=seqlens_tensor, HAS_BATCH_IDX=cache_batch_idx is not None,
-        HAS_LEFTPAD=cache_leftpad is not None,
-        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=softcap > 0,
-        WRITE_PARTIAL=write_partial,
-        UPCAST_DOT=interpreted and q.dtype == torch.bfloat16, DESCALED=descaled,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
-    if write_partial:
-        _combine_partials[(batch * seqlen_q * num_heads,)](
-            o_part, lse_part, out, lse, *lay.bsh_strides(out),
-            num_heads, seqlen_q, num_splits,
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-            BLOCK_S=min(16, triton.next_power_of_2(num_splits)), num_warps=2, num_stages=1,
-        )
-    if return_partials:
-        return out, lse, (o_part, lse_part)
-    return out, lse
+
+def decode_plan(q, k_cache, v_cache, *, scale: float, causal: bool = False,
+                window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                seqlens_tensor: bool = False, seqlen_new: int = 0, indices=(None, None, None),
+                layout: str = "bshd", config: DecodeConfig | None = None,
+                return_partials: bool = False, descales=(None, None)) -> _DecodePlan:
+    """The kept plan for calls shaped like these tensors (``indices``: cache_batch_idx,
+    cache_leftpad, block_table or None; ``descales``: an fp8 cache's (batch, kv_heads)
+    k/v descale views, or None), made on first sight.  Calling it,
+    ``plan(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
+    block_table, cache_seqlen=..., num_splits=..., max_seqlen_k=..., descales=...)``,
+    launches: what :func:`flash_decode` does after its lookup (the descales passed per
+    call share the planned views' data pointers; their strides are the plan's)."""
+    key = (layout, scale, causal, tuple(window), softcap, seqlens_tensor, seqlen_new, config,
+           return_partials, q.device, tensor_key(q, k_cache, v_cache, *indices, *descales))
+    return _PLANS.get(key, lambda: _DecodePlan(
+        q, k_cache, v_cache, layout=layout, scale=scale, causal=causal, window=window,
+        softcap=softcap, seqlens_tensor=seqlens_tensor, seqlen_new=seqlen_new,
+        indices=indices, config=config, return_partials=return_partials, descales=descales))
+
+
+# Decode plans by call signature (kernels/_launch.PlanCache); each keeps its launches
+# per split count.
+_PLANS = PlanCache()
+_SPLIT = DirectLauncher(_split_kv_decode)
+_COMBINE = DirectLauncher(_combine_partials)
+
+
+class _DecodePlan:
+    """What one call signature (sizes, strides, dtypes, alignment, which index tensors,
+    options) fixes: tiles, strides, grids, the launches' constant arguments.  A call
+    only picks the split count (memoised arithmetic), allocates its outputs and
+    launches: no tensor's values are read."""
+
+    def __init__(self, q, k_cache, v_cache, *, layout, scale, causal, window, softcap,
+                 seqlens_tensor, seqlen_new, indices, config, return_partials,
+                 descales) -> None:
+        cache_batch_idx, cache_leftpad, block_table = indices
+        k_descale, v_descale = descales
+        descaled = k_descale is not None
+        lay = layout_named(layout)
+        batch, seqlen_q, num_heads, head_dim = q.shape[0], lay.seqlen(q), lay.heads(q), q.shape[-1]
+        paged = block_table is not None
+        if paged:
+            page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+            capacity = block_table.shape[1] * page_size
+            stride_k = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+            stride_v = (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+        else:
+            page_size = 0
+            stride_k, stride_v = lay.bsh_strides(k_cache), lay.bsh_strides(v_cache)
+            capacity, num_kv_heads = lay.seqlen(k_cache), lay.heads(k_cache)
+        group_size = num_heads // num_kv_heads
+        interpreted = kernel_is_interpreted()
+        self.config = config or decode_config(head_dim, interpreted=interpreted,
+                                              fp8_cache=descaled)
+        head_dim_pad = head_dim_padded(head_dim)
+        block_m = packed_block_m(group_size, seqlen_q)
+        self.row_blocks = triton.cdiv(group_size * seqlen_q, block_m)
+        self.batch, self.seqlen_q, self.num_heads, self.head_dim = batch, seqlen_q, num_heads, head_dim
+        self.num_kv_heads, self.capacity, self.seqlen_new = num_kv_heads, capacity, seqlen_new
+        self.seqlens_tensor, self.return_partials = seqlens_tensor, return_partials
+        self.dtype, self.device = q.dtype, q.device
+        self.sms = dispatch.sm_count(q.device)
+        self.out_shape = lay.shape(batch, seqlen_q, num_heads, head_dim)
+        self.lse_shape = (batch, num_heads, seqlen_q)
+        out_strides = lay.bsh_strides(torch.empty(self.out_shape, device="meta"))
+        checked = seqlens_tensor or any(t is not None for t in indices)
+        # Where the kernel records a bad index (made here, outside any graph capture).
+        self.errors = index_checks.error_buffer(q.device) if checked else None
+
+        window_left, window_right = reach_window(effective_window(causal, window), seqlen_q,
+                                                 capacity)
+        self.split_static = (
+            *lay.bsh_strides(q), *stride_k, *stride_v, *out_strides,
+            block_table.stride(0) if paged else 0,
+            *(k_descale.stride() if descaled else (0, 0)),
+            *(v_descale.stride() if descaled else (0, 0)),
+            num_kv_heads, group_size, seqlen_q, seqlen_new)
+        self.split_tail = (
+            max(window_left, 0), max(window_right, 0), capacity,
+            k_cache.shape[0] if not paged else 0, k_cache.shape[0] if paged else 0,
+            scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0)
+        self.split_meta = dict(
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=block_m,
+            BLOCK_N=self.config.block_n, PAGE_SIZE=page_size,
+            HAS_SEQLENS=seqlens_tensor, HAS_BATCH_IDX=cache_batch_idx is not None,
+            HAS_LEFTPAD=cache_leftpad is not None,
+            HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=softcap > 0,
+            UPCAST_DOT=interpreted and q.dtype == torch.bfloat16,
+            PER_PAGE=paged and self.config.paged_loads == "per_page", DESCALED=descaled,
+            num_warps=self.config.num_warps, num_stages=self.config.num_stages)
+        self.out_strides = out_strides
+        self.head_dim_pad = head_dim_pad
+        self.launches: dict[int, tuple] = {}
+
+    def splits(self, num_splits: int, cache_seqlen: int, max_seqlen_k: int | None) -> int:
+        """The call's split count: as asked, else from the longest possible key count."""
+        if num_splits:
+            return num_splits
+        if max_seqlen_k is None:
+            max_seqlen_k = self.capacity if self.seqlens_tensor else cache_seqlen + self.seqlen_new
+        return dispatch.choose_num_splits(
+            batch=self.batch, kv_heads=self.num_kv_heads, row_blocks=self.row_blocks,
+            kv_tiles=max(1, -(-max_seqlen_k // self.config.block_n)), sm_count=self.sms,
+            ctas_per_sm=self.config.ctas_per_sm)
+
+    def _launches(self, num_splits: int) -> tuple:
+        """(split launch, combine launch or None) for ``num_splits``."""
+        write_partial = num_splits > 1 or self.return_partials
+        split = PlannedLaunch(
+            _SPLIT, (self.batch * self.num_kv_heads, num_splits, self.row_blocks),
+            (*self.split_static, num_splits, *self.split_tail),
+            dict(self.split_meta, WRITE_PARTIAL=write_partial))
+        combine = None
+        if write_partial:
+            combine = PlannedLaunch(
+                _COMBINE, (self.batch * self.seqlen_q * self.num_heads,),
+                (*self.out_strides, self.num_heads, self.seqlen_q, num_splits),
+                dict(HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
+                     BLOCK_S=min(16, triton.next_power_of_2(num_splits)), num_warps=2,
+                     num_stages=1))
+        self.launches[num_splits] = split, combine
+        return split, combine
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
+                 block_table, *, cache_seqlen: int, num_splits: int, max_seqlen_k,
+                 descales=(None, None)):
+        num_splits = self.splits(num_splits, cache_seqlen, max_seqlen_k)
+        split, combine = self.launches.get(num_splits) or self._launches(num_splits)
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        if combine is not None:
+            rows = (self.batch, self.seqlen_q, self.num_heads, num_splits)
+            o_part = torch.empty((*rows, self.head_dim), dtype=torch.float32, device=self.device)
+            lse_part = torch.empty(rows, dtype=torch.float32, device=self.device)
+        else:
+            o_part = lse_part = lse  # never touched: WRITE_PARTIAL is off
+        unused = lse  # a valid pointer for arguments a constexpr switch turns off
+        split(q, k_cache, v_cache, o_part, lse_part, out, lse,
+              unused if cache_seqlens is None else cache_seqlens,
+              unused if cache_batch_idx is None else cache_batch_idx,
+              unused if cache_leftpad is None else cache_leftpad,
+              unused if block_table is None else block_table,
+              unused if self.errors is None else self.errors,
+              *(unused if t is None else t for t in descales), cache_seqlen)
+        if combine is not None:
+            combine(o_part, lse_part, out, lse)
+        if self.return_partials:
+            return out, lse, (o_part, lse_part)
+        return out, lse
 
 
 def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, seqlen_k: int,
@@ -523,9 +540,9 @@ def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, s
     row_blocks = triton.cdiv(group_size * seqlen_q, block_m)
     kv_tiles = max(1, triton.cdiv(seqlen_k, config.block_n))
     if num_splits == 0:
-        num_splits = choose_num_splits(batch=batch, kv_heads=kv_heads, row_blocks=row_blocks,
-                                       kv_tiles=kv_tiles, sm_count=sm_count,
-                                       ctas_per_sm=config.ctas_per_sm)
+        num_splits = dispatch.choose_num_splits(
+            batch=batch, kv_heads=kv_heads, row_blocks=row_blocks, kv_tiles=kv_tiles,
+            sm_count=sm_count, ctas_per_sm=config.ctas_per_sm)
     programs = batch * kv_heads * row_blocks * num_splits
     return {"num_splits": num_splits, "programs": programs, "block_m": block_m,
             "block_n": config.block_n, "row_blocks": row_blocks, "sm_count": sm_count,

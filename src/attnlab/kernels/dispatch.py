@@ -1,6 +1,7 @@
 """Which kernel runs a call: the one module that decides, for every launcher.
 
-Three choices, each taken from a committed measurement, never from a guess:
+Four choices, each taken from a committed measurement or closed-form arithmetic, never
+from a guess:
 
 * **the decode route** (:func:`routes_to_decode`, asked by ``api.dense``): a short query
   against long keys, with no gradient wanted, runs the split-KV decode kernel
@@ -8,7 +9,11 @@ Three choices, each taken from a committed measurement, never from a guess:
 * **the forward** (:func:`forward_config`, asked by ``kernels.forward``): the Gluon sm_90
   kernel where ``sm90_dispatch.json`` says it measured faster, else the Triton kernel;
 * **the backward's dK/dV** (:func:`dkdv_config`, asked by ``kernels.backward``): the Gluon
-  sm_90 dK/dV kernel where ``sm90_backward_dispatch.json`` says so, else the Triton one.
+  sm_90 dK/dV kernel where ``sm90_backward_dispatch.json`` says so, else the Triton one;
+* **the decode kernel's split count** (:func:`choose_num_splits`, asked by
+  ``kernels.decode`` per call): from host-known sizes only (the batch, heads and the
+  longest possible key count: ``max_seqlen_k``, an int ``cache_seqlens`` or the cache's
+  capacity), never from an index tensor's values, and memoised per size.
 
 Each Gluon kernel is one :class:`GluonKernel`: its module (imported only where
 ``kernels/_compat.py`` recognises this Triton's Gluon), its table and its config type; a
@@ -20,8 +25,12 @@ Gluon kernels build TMA descriptors from ``data_ptr()``, which fake tensors lack
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import math
 from dataclasses import dataclass
+
+import torch
 
 from attnlab.inputs import layout_named
 from attnlab.kernels._compat import gluon_refusal
@@ -143,3 +152,75 @@ def dkdv_config(q, k, v, dout, *, layout: str, causal: bool, window, softcap: fl
             raise ValueError(f"dkdv_sm90={config.name()} cannot compute this call: {reason}")
         return None
     return config, copy_dout, kernel_dout
+
+
+# ---------------------------------------------------------------------------
+# The decode kernel's split count (kernels/decode.py asks per call; the answer is a
+# function of host-known sizes only, kept per size: no call reads a tensor's values).
+# ---------------------------------------------------------------------------
+
+MAX_SPLITS = 128
+# A split shorter than this many key tiles costs more in partial traffic and launch
+# tail than its parallelism returns (FlashInfer's floor is a 128-token chunk).
+MIN_TILES_PER_SPLIT = 2
+WAVE_EFFICIENCY_FRACTION = 0.85
+# Nominal SM count where no GPU is visible (the CPU interpreter): the H200's.
+NOMINAL_SM_COUNT = 132
+
+
+def wave_efficiency(blocks: int, slots: int) -> float:
+    """Busy fraction of ``slots`` concurrent program slots over the waves ``blocks`` need."""
+    return blocks / (slots * math.ceil(blocks / slots))
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_num_splits(*, batch: int, kv_heads: int, row_blocks: int, kv_tiles: int,
+                      sm_count: int, ctas_per_sm: int) -> int:
+    """Split count for one launch: enough programs to fill the GPU's program slots.
+
+    ``kv_tiles`` is the longest sequence's key tiles (an upper bound is fine: every
+    sequence divides its own tiles).  The arithmetic, with ``base = batch x kv_heads x
+    row_blocks`` unsplit programs and ``slots = sm_count x ctas_per_sm`` programs the
+    GPU holds at once (1 per SM at d = 128: 192 KiB of K/V stages each):
+
+    1. a split is worth it only if every split keeps >= MIN_TILES_PER_SPLIT tiles, so
+       candidates run 1 .. min(128, kv_tiles // 2), and only counts the reference's
+       ceil rule really uses (``ceil(tiles / ceil(tiles / s))``: no empty splits);
+    2. wave efficiency ``e(s) = base*s / (slots * ceil(base*s / slots))``; take the
+       smallest ``s`` with ``e(s) >= 0.85 * max e`` (fewer splits: less partial traffic).
+
+    Examples on the H200 with the tuned d = 128 tiling (132 SMs, one 128-key program per
+    SM, so 132 slots; one query, 8 KV heads): batch 1 x 32k (256 tiles): base 8, the best
+    e is 1.0 at 33 splits; 14 splits give 112/132 = 0.85 -> 14 splits of 19 tiles (the
+    tuning run measured 50.9 us against 52.8 us for 29 splits).  Batch 16 x 32k: base
+    128, e(1) = 128/132 = 0.97 -> no split (4.38 TB/s measured).  Batch 64: base 512 >=
+    132 slots -> no split.
+
+    Peers (../shared/research/hopper-kernels.md): FA3 takes 1 split when base >= 0.8 x
+    SMs, else the same 85%-of-best rule counted in SMs (one CTA per SM: its TMA
+    pipeline is deep enough), capped at 128: 15 splits at batch 1 x 8 KV heads.
+    This counts program slots (SMs x resident programs of the tiling): with the tuned
+    one-program-per-SM tiling at d = 128 that is FA3's count; a tiling with two
+    resident programs per SM asks for about twice FA3's splits, which measured slower.
+    FlashInfer: no split if batch x KV heads fills the grid, else a binary search for
+    the smallest chunk (>= 128 tokens) keeping CTAs <= SMs x CTAs/SM -- the same slot
+    count, searched by chunk length.  SGLang's Triton decode defaults to 8 splits
+    whatever the shape, which underfills batch 1 (its PR #27786: 1.2-3.5x from more).
+    """
+    base = batch * kv_heads * row_blocks
+    slots = sm_count * ctas_per_sm
+    most = max(1, min(MAX_SPLITS, kv_tiles // MIN_TILES_PER_SPLIT))
+    if base >= slots or most == 1:
+        return 1
+    candidates = sorted({math.ceil(kv_tiles / math.ceil(kv_tiles / s)) for s in range(1, most + 1)})
+    efficiencies = {s: wave_efficiency(base * s, slots) for s in candidates}
+    best = max(efficiencies.values())
+    return next(s for s in candidates if efficiencies[s] >= WAVE_EFFICIENCY_FRACTION * best)
+
+
+@functools.lru_cache(maxsize=64)
+def sm_count(device) -> int:
+    """The device's SM count (read once per device), or :data:`NOMINAL_SM_COUNT` off a GPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return NOMINAL_SM_COUNT

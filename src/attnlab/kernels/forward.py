@@ -30,7 +30,9 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 import attnlab.kernels.dispatch as dispatch
+import attnlab.kernels.index_checks as index_checks
 from attnlab.inputs import TORCH_DTYPE_NAMES, AttentionInputs, layout_named
+from attnlab.kernels._aot import compile_triton
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
@@ -41,11 +43,14 @@ from attnlab.kernels._launch import (
 from attnlab.kernels._primitives import (
     LOG2E,
     _finish_rows,
+    _flag_index_error,
     _kv_band_bounds,
+    _load_cache_tile,
     _load_kv_tile,
     _load_strided_tile,
     _mma,
     _online_softmax_step,
+    _page_of,
     _row_sees_keys,
     _to_e4m3,
     kernel_is_interpreted,
@@ -63,18 +68,20 @@ from attnlab.shapes import AttentionShape
 
 @triton.jit
 def _kv_tiles(
-    acc, l_i, m_i, q,
-    k_base, v_base,
-    stride_kn, stride_vn, stride_vd,
+    acc, l_i, m_i, bad, q,
+    k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
+    stride_kpage, stride_kn, stride_vpage, stride_vn, stride_vd,
     offs_m, offs_d, kv_start, kv_end,
     seqlen_k, diag_offset, window_left, window_right,
     qk_scale, softcap_log2, softcap_inv,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    FP8: tl.constexpr, EMULATE_FP8: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, FP8: tl.constexpr, EMULATE_FP8: tl.constexpr,
 ):
-    """Fold KV tiles [kv_start, kv_end) into the running softmax state (m_i, l_i, acc)."""
+    """Fold KV tiles [kv_start, kv_end) into the running softmax state (m_i, l_i, acc).
+    PAGE_SIZE > 0: the keys live in a paged cache (the decode kernel's pages: one table
+    lookup per tile for K and V; ``bad`` turns 1 where an entry is out of range)."""
     for start_n in range(kv_start, kv_end, BLOCK_N):
         if FP8:
             # Every stage that runs starts on a tile boundary (_kv_band_bounds: only an
@@ -83,14 +90,26 @@ def _kv_tiles(
             # its unmasked loads join the cp.async pipeline (tl.multiple_of did not carry
             # through Triton 3.7.1's pipeliner: V stayed a synchronous load in every stage).
             start_n = start_n // BLOCK_N * BLOCK_N
-        k = _load_kv_tile(k_base, stride_kn, start_n, offs_d, seqlen_k,
-                          BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        if PAGE_SIZE == 0:
+            k = _load_kv_tile(k_base, stride_kn, start_n, offs_d, seqlen_k,
+                              BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        else:
+            page, tile_bad = _page_of(ERRORS, off_b, block_table_row, start_n, seqlen_k,
+                                      num_pages, BLOCK_N, PAGE_SIZE)
+            bad = bad | tile_bad
+            k = _load_cache_tile(k_base, page, stride_kpage, stride_kn, start_n, offs_d,
+                                 seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST_DOT)
         p, alpha, m_i, l_i = _online_softmax_step(
             qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, window_left, window_right,
             qk_scale, softcap_log2, softcap_inv, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
-        v = _load_strided_tile(v_base, stride_vn, stride_vd, start_n, offs_d, seqlen_k,
-                               BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        if PAGE_SIZE == 0:
+            # stride_vd: 1, or the FP8 forward's keys-contiguous V (never paged).
+            v = _load_strided_tile(v_base, stride_vn, stride_vd, start_n, offs_d, seqlen_k,
+                                   BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
+        else:
+            v = _load_cache_tile(v_base, page, stride_vpage, stride_vn, start_n, offs_d,
+                                 seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED)
         acc = acc * alpha[:, None]
         if FP8:
             # P as e4m3, as FA3 does.  The tensor core sums an fp8 product in a ~14-bit
@@ -100,18 +119,21 @@ def _kv_tiles(
             acc = tl.dot(_to_e4m3(p, EMULATE_FP8), v, acc, max_num_imprecise_acc=BLOCK_N)
         else:
             acc = _mma(p.to(v.dtype), v, acc, UPCAST_DOT)
-    return acc, l_i, m_i
+    return acc, l_i, m_i, bad
 
 
 # Lengths, head counts and window sizes change per call; specialising on their
 # divisibility would only multiply compiles.  Strides stay specialised (16-byte
 # alignment enables vector loads).
 @triton.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k", "num_m_blocks",
-                               "window_left", "window_right"])
+                               "window_left", "window_right", "num_pages"])
 def _attn_fwd(
     # pointers
     Q, K, V, O, LSE,
     CU_SEQLENS_Q, CU_SEQLENS_K,  # varlen only: (batch + 1,) int32 first-token offsets
+    # paged varlen only: (batch, max_pages) int32 pages, (batch,) int32 keys per sequence,
+    # the index-error record (kernels/index_checks.py)
+    BLOCK_TABLE, SEQUSED_K, ERRORS,
     Q_DESCALE, K_DESCALE, V_DESCALE,  # FP8 only: (batch, kv_heads) fp32 descale factors
     # strides (batch, head, seq); the head dim is unit-stride.  Varlen tensors are
     # (total_tokens, heads, head_dim) with batch stride 0: cu_seqlens places a sequence.
@@ -120,10 +142,12 @@ def _attn_fwd(
     stride_vb, stride_vh, stride_vn, stride_vd,  # stride_vd: 1, or the seq length (FP8)
     stride_ob, stride_oh, stride_om,
     stride_lse_b, stride_lse_h,  # LSE rows are unit-stride
+    stride_block_table,
     stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
-    # sizes (dense: the call's lengths; varlen: unused, each program reads its own)
+    # sizes (dense: the call's lengths; varlen: unused, each program reads its own; paged:
+    # seqlen_k is the capacity, block_table.shape[1] x PAGE_SIZE)
     num_heads, group_size, seqlen_q, seqlen_k, num_m_blocks,
-    window_left, window_right,
+    window_left, window_right, num_pages,
     # scalars
     qk_scale, softcap_log2, softcap_inv,
     # meta-parameters
@@ -132,6 +156,7 @@ def _attn_fwd(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     REVERSE_M: tl.constexpr, UPCAST_DOT: tl.constexpr,
     IS_VARLEN: tl.constexpr, OFFSETS_64: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, HAS_SEQUSED: tl.constexpr,
     FP8: tl.constexpr, EMULATE_FP8: tl.constexpr,
 ):
     # A 1-D grid, query blocks fastest: the blocks of one head run next to each other
@@ -168,11 +193,27 @@ def _attn_fwd(
         qk_scale = qk_scale * qk_descale
         softcap_inv = softcap_inv * qk_descale
 
+    bad = (off_b < 0).to(tl.int32)  # 1 once an index of this sequence is out of range
     if IS_VARLEN:
         q_start = tl.load(CU_SEQLENS_Q + off_b).to(tl.int64)
         seqlen_q = (tl.load(CU_SEQLENS_Q + off_b + 1) - q_start).to(tl.int32)
-        k_start = tl.load(CU_SEQLENS_K + off_b).to(tl.int64)
-        seqlen_k = (tl.load(CU_SEQLENS_K + off_b + 1) - k_start).to(tl.int32)
+        if PAGE_SIZE == 0:
+            k_start = tl.load(CU_SEQLENS_K + off_b).to(tl.int64)
+            keys = (tl.load(CU_SEQLENS_K + off_b + 1) - k_start).to(tl.int32)
+        else:
+            # The sequence's keys are its cache positions 0 .. in its pages.
+            k_start = off_b * 0
+            keys = seqlen_k
+            if not HAS_SEQUSED:
+                keys = (tl.load(CU_SEQLENS_K + off_b + 1) - tl.load(CU_SEQLENS_K + off_b))
+        if HAS_SEQUSED:
+            # Keys used: checked against the keys the sequence has, where read.
+            used = tl.load(SEQUSED_K + off_b)
+            keys_bad = (used < 0) | (used > keys)
+            _flag_index_error(ERRORS, 6, off_b, 0 * off_b, used, keys, keys_bad)
+            bad = bad | keys_bad.to(tl.int32)
+            keys = tl.where(keys_bad, 0, used)
+        seqlen_k = keys
         seq_m_blocks = tl.cdiv(seqlen_q, BLOCK_M)
         # The grid covers the longest sequence; shorter ones leave programs idle.
         if pid_m >= seq_m_blocks:
@@ -192,8 +233,15 @@ def _attn_fwd(
     if HEAD_DIM != HEAD_DIM_PAD:
         q_mask = q_mask & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)
-    k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
-    v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
+    if PAGE_SIZE == 0:
+        k_base = K + off_b * stride_kb + off_hk * stride_kh + k_start * stride_kn
+        v_base = V + off_b * stride_vb + off_hk * stride_vh + k_start * stride_vn
+        block_table_row = BLOCK_TABLE
+    else:
+        # Paged: stride_kb / stride_vb are the page strides; _kv_tiles adds the pages.
+        k_base = K + off_hk * stride_kh
+        v_base = V + off_hk * stride_vh
+        block_table_row = BLOCK_TABLE + off_b * stride_block_table
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -212,26 +260,26 @@ def _attn_fwd(
         BLOCK_N, HAS_LEFT, HAS_RIGHT)
 
     # Stage 1: tiles cut by the window's left edge (element mask).
-    acc, l_i, m_i = _kv_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, stride_vd, offs_m, offs_d,
+    acc, l_i, m_i, bad = _kv_tiles(
+        acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
+        stride_kb, stride_kn, stride_vb, stride_vn, stride_vd, offs_m, offs_d,
         kv_lo, full_lo, seqlen_k, diag_offset, window_left, window_right,
-        qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT,
-        FP8, EMULATE_FP8)
+        qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
+        PAGE_SIZE, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, FP8, EMULATE_FP8)
     # Stage 2: tiles wholly inside the band (no mask).
-    acc, l_i, m_i = _kv_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, stride_vd, offs_m, offs_d,
+    acc, l_i, m_i, bad = _kv_tiles(
+        acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
+        stride_kb, stride_kn, stride_vb, stride_vn, stride_vd, offs_m, offs_d,
         full_lo, full_hi, seqlen_k, diag_offset, window_left, window_right,
-        qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT,
-        FP8, EMULATE_FP8)
+        qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
+        PAGE_SIZE, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, FP8, EMULATE_FP8)
     # Stage 3: diagonal tiles and the ragged last tile (element mask).
-    acc, l_i, m_i = _kv_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, stride_vd, offs_m, offs_d,
+    acc, l_i, m_i, bad = _kv_tiles(
+        acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
+        stride_kb, stride_kn, stride_vb, stride_vn, stride_vd, offs_m, offs_d,
         full_hi, kv_hi, seqlen_k, diag_offset, window_left, window_right,
-        qk_scale, softcap_log2, softcap_inv,
-        BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT,
-        FP8, EMULATE_FP8)
+        qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
+        PAGE_SIZE, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, FP8, EMULATE_FP8)
 
     # One division per row, at the end: a row with no visible key outputs zeros and
     # LSE = -inf; a NaN stays NaN (_finish_rows).
@@ -240,6 +288,10 @@ def _attn_fwd(
     out, lse = _finish_rows(acc, l_i, m_i, sees_key)
     if FP8:
         out = out * tl.load(V_DESCALE + off_b * stride_vdb + off_hk * stride_vdh)
+    if PAGE_SIZE != 0 or HAS_SEQUSED:
+        # A bad index: the whole sequence's rows are NaN (never a quiet wrong answer).
+        out = tl.where(bad != 0, float("nan"), out)
+        lse = tl.where(bad != 0, float("nan"), lse)
 
     o_base = O + off_b * stride_ob + off_h * stride_oh + q_start * stride_om
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :]
@@ -281,6 +333,7 @@ def flash_forward(
     config: ForwardConfig | None = None,
     cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    block_table: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
     descales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel on already-validated tensors.
@@ -292,28 +345,36 @@ def flash_forward(
     see ``attnlab.api.flash_attn_varlen_func``).  Returns O in the same layout and LSE
     float32, natural log: (batch, heads, seqlen_q), or (heads, total_q) for ``thd``
     (flash-attn's varlen layout).  Causal is bottom-right aligned, per sequence.
+
+    Paged varlen (``thd`` only, forward only): ``block_table`` (batch, max_pages) int32
+    and k, v (num_pages, page_size, kv_heads, head_dim); sequence b's keys are its cache
+    positions ``0 .. seqused_k[b]`` (else ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``) read
+    through its row of the table.  ``seqused_k`` also works unpaged (the first
+    ``seqused_k[b]`` of sequence b's packed keys).  Table entries and seqused_k are
+    range-checked on the device: a bad one makes that sequence NaN and is recorded
+    (kernels/index_checks.py).
     ``descales`` is the FP8 forward's (:func:`flash_forward_fp8`, which prepares V).
     """
     layout_named(layout)  # a name this module cannot read is refused before any plan
     options = dict(layout=layout, scale=scale, causal=causal, window=tuple(window),
                    softcap=softcap, config=config, max_seqlen_q=max_seqlen_q,
                    max_seqlen_k=max_seqlen_k)
+    indices = (cu_seqlens_q, cu_seqlens_k, block_table, seqused_k)
     if launch_is_traced(q):
         # Traced, each launch must be a graph node (wrap_triton's HOP) for Inductor.
-        plan = _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k,
+        plan = _plan_forward(q, k, v, *indices,
                              launcher=TracedLauncher(wrap_triton(_attn_fwd)), descales=descales,
                              **options)
     else:
         # A real call skips that HOP's dispatch and, after the first call with this
         # signature, the choices below and JITFunction.run's argument binding.
-        key = (*options.values(), q.device,
-               tensor_key(q, k, v, cu_seqlens_q, cu_seqlens_k, *(descales or ())))
-        plan = _PLANS.get(key, lambda: _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k,
+        key = (*options.values(), q.device, tensor_key(q, k, v, *indices, *(descales or ())))
+        plan = _PLANS.get(key, lambda: _plan_forward(q, k, v, *indices,
                                                      launcher=_DIRECT_FORWARD,
                                                      descales=descales, **options))
     if descales is not None:
-        return plan(q, k, v, cu_seqlens_q, cu_seqlens_k, descales)
-    return plan(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        return plan(q, k, v, *indices, descales=descales)
+    return plan(q, k, v, *indices)
 
 
 def keys_contiguous(v: torch.Tensor) -> torch.Tensor:
@@ -350,18 +411,22 @@ class _ForwardPlan:
     launches (an empty call only fills them)."""
 
     def __init__(self, out_shape, lse_shape, launch: PlannedLaunch | None,
+                 errors: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None) -> None:
         self.out_shape, self.lse_shape, self.launch = out_shape, lse_shape, launch
+        self.errors = errors
         self.out_dtype = out_dtype  # None: q's (the FP8 forward writes bf16)
 
-    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, descales=None):
+    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table=None, seqused_k=None,
+                 descales=None):
         out = torch.empty(self.out_shape, dtype=self.out_dtype or q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
         if self.launch is None:
             lse.fill_(float("-inf"))
             return out.zero_(), lse
         # Without descales the FP8-only pointers get any valid one (FP8 is off).
-        self.launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *(descales or (lse,) * 3))
+        self.launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k,
+                    self.errors, *(descales or (lse,) * 3))
         return out, lse
 
 
@@ -372,16 +437,20 @@ class _Sm90ForwardPlan:
     def __init__(self, launch) -> None:
         self.launch = launch
 
-    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
+    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, block_table=None, seqused_k=None):
         return self.launch(q, k, v)
 
 
-def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal, window,
-                  softcap, config, max_seqlen_q, max_seqlen_k, launcher, descales=None):
+def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, *, layout,
+                  scale, causal, window, softcap, config, max_seqlen_q, max_seqlen_k, launcher,
+                  descales=None):
     """What ``flash_forward`` launches for tensors of these sizes, strides and alignment
     (and, for the FP8 forward, of its descales' strides)."""
     lay = layout_named(layout)
     fp8 = descales is not None
+    paged = block_table is not None
+    if (paged or seqused_k is not None) and not lay.is_varlen:
+        raise ValueError(f"block_table and seqused_k belong to layout 'thd', not {layout!r}")
     if not lay.is_varlen and config is None and not fp8:
         sm90_config = dispatch.forward_config(q, k, v, layout=layout, causal=causal,
                                               window=window, softcap=softcap)
@@ -391,20 +460,32 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
             return _Sm90ForwardPlan(plan_launch(q, k, v, layout=layout, scale=scale,
                                                 causal=causal, config=sm90_config))
     if lay.is_varlen:
-        if cu_seqlens_q is None or cu_seqlens_k is None or max_seqlen_q is None \
+        # cu_seqlens_k may be absent where seqused_k gives a paged sequence's keys.
+        keys_given = cu_seqlens_k is not None or (paged and seqused_k is not None)
+        if cu_seqlens_q is None or not keys_given or max_seqlen_q is None \
                 or max_seqlen_k is None:
             raise ValueError("layout 'thd' needs cu_seqlens_q, cu_seqlens_k, max_seqlen_q and "
                              "max_seqlen_k")
     elif cu_seqlens_q is not None or cu_seqlens_k is not None:
         raise ValueError(f"cu_seqlens belong to layout 'thd', not {layout!r}")
-    inputs = AttentionInputs.read(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                  max_seqlen_k)
+    if paged:
+        # The pages stand in for packed keys: (page, position, head) strides, and the
+        # longest sequence the table can hold as seqlen_k.
+        page_size = k.shape[1]
+        packed = [t[:, 0] for t in (k, v)]  # (num_pages, kv_heads, d): the thd view's sizes
+        seqlen_k = block_table.shape[1] * page_size
+        inputs = AttentionInputs.read(q, *packed, layout, cu_seqlens_q, cu_seqlens_k,
+                                      max_seqlen_q, seqlen_k)
+    else:
+        page_size = 0
+        inputs = AttentionInputs.read(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k)
     batch, num_heads, num_kv_heads = inputs.batch, inputs.heads, inputs.kv_heads
     seqlen_q, seqlen_k, head_dim = inputs.seqlen_q, inputs.seqlen_k, inputs.head_dim
     out_shape, lse_shape = inputs.out_shape(), inputs.lse_shape()
     out_dtype = torch.bfloat16 if fp8 else None
     if batch == 0 or seqlen_q == 0 or 0 in out_shape:
-        return _ForwardPlan(out_shape, lse_shape, None, out_dtype)
+        return _ForwardPlan(out_shape, lse_shape, None, out_dtype=out_dtype)
     # O and LSE are allocated contiguous: their strides follow from the shapes.
     out_meta = torch.empty(out_shape, device="meta")
     stride_lse = (0, lse_shape[1]) if lay.is_varlen else (num_heads * seqlen_q, seqlen_q)
@@ -423,8 +504,11 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
                                dtype=TORCH_DTYPE_NAMES[q.dtype], causal=causal, window=tuple(window))
         config = forward_config(shape, interpreted=interpreted)
 
-    q_strides, k_strides, v_strides, o_strides = (
-        lay.bhs_strides(t) for t in (q, k, v, out_meta))
+    q_strides, o_strides = (lay.bhs_strides(t) for t in (q, out_meta))
+    if paged:  # (page, head, position): the kernel adds pages through the table
+        k_strides, v_strides = ((t.stride(0), t.stride(2), t.stride(1)) for t in (k, v))
+    else:
+        k_strides, v_strides = (lay.bhs_strides(t) for t in (k, v))
     stride_vd = v.stride(-1)  # 1, or the FP8 forward's keys-contiguous V
     offsets_64 = (
         any(offsets_need_int64(seqlen_q, s[2], config.block_m, head_dim_pad)
@@ -437,17 +521,37 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, layout, scale, causal,
     num_m_blocks = triton.cdiv(seqlen_q, config.block_m)
     grid = (num_m_blocks * batch * num_heads,)
     static = (*q_strides, *k_strides, *v_strides, stride_vd, *o_strides, *stride_lse,
-              *descale_strides,
+              block_table.stride(0) if paged else 0, *descale_strides,
               num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_m_blocks,
-              max(window_left, 0), max(window_right, 0),
+              max(window_left, 0), max(window_right, 0), k.shape[0] if paged else 0,
               scale * LOG2E, softcap * LOG2E, (scale / softcap) if softcap > 0 else 0.0)
     meta = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
                 BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                 HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
                 REVERSE_M=has_right,
                 UPCAST_DOT=interpreted and q.dtype == torch.bfloat16,
-                IS_VARLEN=lay.is_varlen, OFFSETS_64=offsets_64,
-                FP8=fp8, EMULATE_FP8=fp8 and interpreted,
+                IS_VARLEN=lay.is_varlen, OFFSETS_64=offsets_64, PAGE_SIZE=page_size,
+                HAS_SEQUSED=seqused_k is not None, FP8=fp8, EMULATE_FP8=fp8 and interpreted,
                 num_warps=config.num_warps, num_stages=config.num_stages)
+    errors = index_checks.error_buffer(q.device) if paged or seqused_k is not None else None
     return _ForwardPlan(out_shape, lse_shape, PlannedLaunch(launcher, grid, static, meta),
-                        out_dtype)
+                        errors, out_dtype)
+
+
+# ---------------------------------------------------------------------------
+# Ahead of time, without a GPU: can ptxas build these tiles?
+# ---------------------------------------------------------------------------
+
+def compile_for_sm90(head_dim: int, config: ForwardConfig, *, dtype: str = "bf16",
+                     causal: bool = False, window: bool = False, softcap: bool = False,
+                     varlen: bool = False, offsets_64: bool = False):
+    """The forward kernel as a call with these options compiles it for sm_90a, here,
+    without a GPU (``kernels/_aot``; ``window`` a two-sided sliding window); raises
+    Triton's PTXASError where ptxas cannot build it.  The bf16/fp16 forward: V's head
+    dim unit-stride (``stride_vd`` = 1, as a launch specialises it), FP8 off."""
+    return compile_triton(_attn_fwd, dtype, dict(
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_padded(head_dim), BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, HAS_LEFT=window, HAS_RIGHT=causal or window,
+        HAS_SOFTCAP=softcap, REVERSE_M=causal or window, UPCAST_DOT=False, IS_VARLEN=varlen,
+        OFFSETS_64=offsets_64, PAGE_SIZE=0, HAS_SEQUSED=False, FP8=False, EMULATE_FP8=False,
+        stride_vd=1), num_warps=config.num_warps, num_stages=config.num_stages)

@@ -75,6 +75,65 @@ def predict(provider: str, shape: AttentionShape,
     return cache_model.predict(provider, shape, hw)
 
 
+def attnlab_backward_plan(shape: AttentionShape) -> dict:
+    """What attnlab's backward launches for ``shape``, as the models take it: the traffic
+    variant (``"attnlab-sm90"`` where the Gluon dK/dV kernel's dispatch table takes the
+    bucket), each kernel's (query rows, key rows) tiles, and their cache-model tilings
+    (launch sizes estimated from the configs: threads, a register count at the cap the
+    warps allow, the tiles' shared memory)."""
+    from attnlab.kernels._compat import gluon_refusal
+    from attnlab.kernels.configs import backward_config, head_dim_padded, length_bucket
+
+    config = backward_config(shape)
+    d_pad = head_dim_padded(shape.head_dim)
+    b = shape.element_bytes
+
+    def tiling(block_m, block_n, warps, shared):
+        registers = min(255, 65536 // (32 * warps) // 8 * 8)
+        return cache_model.FusedTiling(block_m, block_n,
+                                       cache_model.Launch(32 * warps, registers, shared))
+
+    sm90 = None
+    if gluon_refusal() is None and not shape.has_window:
+        from attnlab.kernels import backward_sm90
+        from attnlab.kernels.dispatch import DKDV_SM90
+
+        bucket = length_bucket(max(shape.seqlen_q, shape.seqlen_k))
+        sm90 = DKDV_SM90.table().get((shape.head_dim, shape.causal, bucket))
+    dq_tiles = (config.dq_block_m, config.dq_block_n)
+    dq = tiling(*dq_tiles, config.num_warps, (2 * config.dq_block_m + 2 * config.num_stages
+                                              * config.dq_block_n) * d_pad * b)
+    if sm90 is not None:
+        dkdv_tiles = (sm90.block_m, backward_sm90.BLOCK_N)
+        dkdv = tiling(*dkdv_tiles, 3 * backward_sm90.CONSUMER_WARPS,
+                      backward_sm90.shared_memory_bytes(shape.head_dim, sm90, b))
+    else:
+        dkdv_tiles = (config.dkdv_block_m, config.dkdv_block_n)
+        dkdv = tiling(*dkdv_tiles, config.num_warps,
+                      (2 * config.dkdv_block_n + 2 * config.num_stages * config.dkdv_block_m)
+                      * d_pad * b)
+    return {"variant": "attnlab-sm90" if sm90 is not None else "attnlab",
+            "dq_tiles": dq_tiles, "dkdv_tiles": dkdv_tiles, "dq": dq, "dkdv": dkdv,
+            "config": config.as_dict(), "sm90": None if sm90 is None else sm90.name()}
+
+
+def predict_backward(shape: AttentionShape, hw: cache_model.CacheHardware = cache_model.H200
+                     ) -> list[cache_model.PredictedKernel]:
+    """The cache model's two attnlab backward kernels (dQ, dK/dV) for ``shape``."""
+    plan = attnlab_backward_plan(shape)
+    return cache_model.predict_attnlab_backward(shape, hw, dq=plan["dq"], dkdv=plan["dkdv"],
+                                                lse_log2=plan["variant"] == "attnlab-sm90")
+
+
+def logical_backward(shape: AttentionShape):
+    """The logical traffic model of attnlab's backward for ``shape`` (scope: the layer)."""
+    from attnlab.model import traffic
+
+    plan = attnlab_backward_plan(shape)
+    return traffic.backward_traffic(shape, variant=plan["variant"], scope="layer",
+                                    dq_tiles=plan["dq_tiles"], dkdv_tiles=plan["dkdv_tiles"])
+
+
 def predicted_kernel_count(provider: str, shape: AttentionShape) -> int | None:
     """Kernels the cache model predicts one call launches; None for an unmodelled provider."""
     return len(predict(provider, shape)) if provider in PREDICTED_PROVIDERS else None

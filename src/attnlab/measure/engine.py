@@ -20,7 +20,7 @@ The engine owns what each script used to write again:
 * **flags**: ``--phases`` (comma-separated; an unknown name is refused by name),
   ``--out`` (the folder the user names, default ``$OUT`` or ``./attnlab-results``;
   checked before any work, created when the first file is written, never inside the
-  installed package), ``--budget`` (seconds shared by the phases), ``--list`` (the
+  installed package), ``--budget`` (or ``--budget-s``: seconds shared by the phases), ``--list`` (the
   phases and how many points each would measure: no GPU needed), ``--<phase>-budget``
   for a phase with a cap of its own, and ``--device`` where a script runs on the CPU too;
 * **the budget**: the selected phases run in registration order; each gets the time the
@@ -246,7 +246,7 @@ class Bench:
         group.add_argument("--out", default=None,
                            help=f"output folder (default {self.out_default or '$OUT or ./' + DEFAULT_OUT}"
                                 "; created when the first file is written)")
-        group.add_argument("--budget", type=float, default=self.budget_s,
+        group.add_argument("--budget", "--budget-s", type=float, default=self.budget_s,
                            help="seconds shared by the phases; each stops cleanly when it "
                                 f"runs out (default {self.budget_s or 'none'})")
         group.add_argument("--list", action="store_true",

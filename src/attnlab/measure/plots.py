@@ -44,7 +44,8 @@ PROVIDER_LABELS = {
     "eager_typical": "eager (typical)", "sdpa": "SDPA (auto)", "sdpa_cudnn": "cuDNN (SDPA)",
     "sdpa_flash": "FA2 (SDPA flash)", "sdpa_efficient": "SDPA mem-efficient",
     "sdpa_math": "SDPA math", "flex": "FlexAttention", "flash_attn": "flash-attn",
-    "flashinfer": "FlashInfer",
+    "flashinfer": "FlashInfer", "fa4": "FlashAttention-4", "fa4_paged16": "FA4 (paged 16)",
+    "flashinfer_paged16": "FlashInfer (paged 16)", "attnlab_decode_paged16": "attnlab decode (paged 16)",
 }
 # How many providers a chart shows before the reader asks for more.
 DEFAULT_VISIBLE = 4

@@ -28,7 +28,29 @@ Providers (``PROVIDERS`` lists them in this order):
 - ``attnlab``: our Triton forward (``attnlab.attention``, impl pinned to "triton");
   ``attnlab_decode``: our decode API (``attnlab.flash_attn_with_kvcache``) when it
   exists.  Backward (phase ``fwdbwd``) only when attnlab ships a backward kernel.
-- ``flash_attn``, ``flashinfer``: the external libraries, when importable.
+- ``fa4``: FlashAttention-4 (``flash_attn.cute.flash_attn_func``, the ``flash-attn-4``
+  wheel on the CUTLASS CuTe DSL; Hopper and Blackwell).  Its kernel is compiled on the
+  first call of each configuration (the warm-up's); the timed call is the compiled
+  launch.  It has no KV-cache call: decode is ``flash_attn_func`` with one query over
+  the whole cache (``num_splits=1``: its sm_90 path has no split-KV).  Backward on both.
+  ``fa4_paged16``: decode through ``flash_attn_varlen_func``'s ``page_table``.
+- ``flashinfer``: FlashInfer (``flashinfer-python``; its kernels JIT-compiled with nvcc on
+  first use): prefill by ``single_prefill_with_kv_cache`` (batch 1; its FA3 kernel on
+  sm_90) or ``BatchPrefillWithRaggedKVCacheWrapper`` (batch > 1); decode by the
+  tensor-core ``single_decode_with_kv_cache`` (batch 1) or the ragged batch prefill with
+  one query per request (batch > 1).  ``flashinfer_paged16``: the tensor-core
+  ``BatchDecodeWithPagedKVCacheWrapper``.  Wrappers are built and planned by the builder,
+  outside the timed region; the timed call is ``run`` (or the single-request function).
+- ``attnlab_decode_paged16``: attnlab's decode API on the same 16-token pages.
+- ``flash_attn``: flash-attn 2 (``flash_attn.flash_attn_func``), when importable.
+
+The paged providers view the contiguous cache as 16-token pages with an identity page
+table (sequence b's page j is page ``b * pages + j``): the kernels take their paged code
+path over the same bytes, so the float64 check applies unchanged.
+
+Each provider may name its kernels (``kernels``: plain-text pieces of kernel names); a
+profiled call must launch one of them (:func:`unproven_kernels`), so a record never
+carries a provider's name over another library's kernel.
 
 All inputs are generated in the provider's own layout (so no transpose is timed)
 and every output is viewed back as (batch, heads, seqlen, dim) for the check.
@@ -38,7 +60,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
+import os
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from attnlab.checks import quote
@@ -54,6 +78,10 @@ _CORE_LAYOUT = {"bhsd": "bhsd", "bshd": "bshd", "nhd": "thd"}
 # Memory we leave free when deciding whether a materialising provider fits: the
 # allocator, the L2 flush buffer and the reference check need room too.
 MEMORY_HEADROOM = 0.80
+# The page size of the paged providers (vLLM's default block size).
+PAGE_SIZE = 16
+# FlashInfer's workspace for split-KV partial results (its documentation's 128 MB).
+FLASHINFER_WORKSPACE_BYTES = 128 << 20
 
 
 class ProviderUnavailable(ValueError):
@@ -71,6 +99,7 @@ class Provider:
     builder: Callable     # (shape, phase, device) -> callable(q, k, v)
     checker: Callable | None = None  # (shape, phase) -> reason or None
     pin: Callable | None = None      # () -> context manager the calls must run inside
+    kernels: tuple[str, ...] = ()    # pieces of its kernels' names, one must have run
 
     def reason(self, shape: AttentionShape, phase: str, device: str) -> str | None:
         """Why this provider cannot run here, or None when it can (as far as we can tell
@@ -115,8 +144,58 @@ def _importable(module: str) -> str | None:
     try:
         importlib.import_module(module)
     except Exception as error:  # an installed-but-broken package is a reason too
-        return f"{module} is not importable ({type(error).__name__}: {error})"
+        return f"{module} is not importable ({type(error).__name__}: {error}){_dsl_hint(error)}"
     return None
+
+
+def _dsl_hint(error: Exception) -> str:
+    """Why ``cutlass`` is missing though its wheel is installed: the CuTe DSL wheel puts
+    its packages on sys.path through a .pth file, which Python reads only in site
+    folders, not in a ``pip install --target`` folder on PYTHONPATH."""
+    if not (isinstance(error, ModuleNotFoundError) and error.name == "cutlass"):
+        return ""
+    try:
+        spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return "; install nvidia-cutlass-dsl (with -libs-base and -libs-cu13 or -libs-cu12)"
+    folder = os.path.join(list(spec.submodule_search_locations)[0], "dsl_packages")
+    return (f"; nvidia-cutlass-dsl is installed but its .pth file was not read (a --target "
+            f"install): add {folder} to PYTHONPATH")
+
+
+def _gpu_arch() -> tuple[int, int] | None:
+    """The current GPU's compute capability, or None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return tuple(torch.cuda.get_device_capability())
+
+
+def _pages_reason(shape: AttentionShape, phase: str) -> str | None:
+    if phase != "decode":
+        return f"the paged providers run decode only, not {phase}"
+    if shape.seqlen_k % PAGE_SIZE:
+        return f"a {PAGE_SIZE}-token paged cache needs seqlen_k divisible by {PAGE_SIZE}, got {shape.seqlen_k}"
+    return None
+
+
+def identity_page_table(shape: AttentionShape, device):
+    """(batch, pages) int32: sequence b's page j is page ``b * pages + j`` of the
+    contiguous cache viewed as :data:`PAGE_SIZE`-token pages."""
+    import torch
+
+    pages = shape.seqlen_k // PAGE_SIZE
+    return torch.arange(shape.batch * pages, dtype=torch.int32, device=device).view(shape.batch,
+                                                                                   pages)
+
+
+def as_pages(cache):
+    """A contiguous (batch, seqlen, kv_heads, dim) cache as (pages, PAGE_SIZE, kv_heads,
+    dim), without a copy."""
+    return cache.view(-1, PAGE_SIZE, *cache.shape[2:])
 
 
 # ----- eager baselines ---------------------------------------------------------------------
@@ -330,6 +409,20 @@ def _check_attnlab_decode(shape: AttentionShape, phase: str) -> str | None:
     return _half_only(shape, "attnlab's decode kernel")
 
 
+def _build_attnlab_decode_paged(shape: AttentionShape, phase: str, device):
+    import attnlab
+
+    with_kvcache = attnlab.flash_attn_with_kvcache
+    causal, scale = shape.causal, _scale(shape)
+    table = identity_page_table(shape, device)
+    return lambda q, k, v: with_kvcache(q, as_pages(k), as_pages(v), block_table=table,
+                                        causal=causal, softmax_scale=scale)
+
+
+def _check_attnlab_decode_paged(shape: AttentionShape, phase: str) -> str | None:
+    return _pages_reason(shape, phase) or _check_attnlab_decode(shape, phase)
+
+
 # ----- external libraries ----------------------------------------------------------------------
 def _build_flash_attn(shape: AttentionShape, phase: str, device):
     from flash_attn import flash_attn_func, flash_attn_with_kvcache
@@ -342,31 +435,176 @@ def _build_flash_attn(shape: AttentionShape, phase: str, device):
 
 
 def _check_flash_attn(shape: AttentionShape, phase: str) -> str | None:
-    return _importable("flash_attn") or _half_only(shape, "flash-attn")
+    reason = _importable("flash_attn")
+    if reason is None and not hasattr(importlib.import_module("flash_attn"), "flash_attn_func"):
+        # flash-attn-4 installs flash_attn as a bare namespace for flash_attn.cute
+        return ("flash_attn has no flash_attn_func (flash-attn 2 is not installed; a bare "
+                "flash_attn namespace is FlashAttention-4's: provider fa4)")
+    return reason or _half_only(shape, "flash-attn")
+
+
+# FlashAttention-4 -------------------------------------------------------------------------------
+FA4_ARCHS = {9: "sm_90", 10: "sm_100"}
+
+
+def _fa4_window(shape: AttentionShape) -> tuple[int | None, int | None]:
+    """attnlab's window (-1: unbounded) as FA4's window_size (None: unbounded)."""
+    return tuple(None if side < 0 else side for side in shape.window)
+
+
+def _fa4_options(shape: AttentionShape) -> dict:
+    return {"softmax_scale": _scale(shape), "causal": shape.causal,
+            "window_size": _fa4_window(shape)}
+
+
+def _build_fa4(shape: AttentionShape, phase: str, device):
+    from flash_attn.cute import flash_attn_func
+
+    options = _fa4_options(shape)
+    # flash_attn_func returns (out, lse); decode is one query token over the whole cache
+    # (bottom-right causal: it sees every key), num_splits=1 by default.
+    return lambda q, k, v: flash_attn_func(q, k, v, **options)[0]
+
+
+def _build_fa4_paged(shape: AttentionShape, phase: str, device):
+    import torch
+    from flash_attn.cute import flash_attn_varlen_func
+
+    options = _fa4_options(shape)
+    table = identity_page_table(shape, device)
+    used = torch.full((shape.batch,), shape.seqlen_k, dtype=torch.int32, device=device)
+    return lambda q, k, v: flash_attn_varlen_func(q, as_pages(k), as_pages(v), page_table=table,
+                                                  seqused_k=used, **options)[0]
+
+
+def _check_fa4(shape: AttentionShape, phase: str) -> str | None:
+    reason = _importable("flash_attn.cute") or _half_only(shape, "FlashAttention-4")
+    if reason:
+        return reason
+    arch = _gpu_arch()
+    if arch is None:
+        return None  # the device check says "needs a CUDA GPU" first
+    if arch[0] not in FA4_ARCHS:
+        return (f"FlashAttention-4's kernels here are the Hopper and Blackwell ones "
+                f"({', '.join(FA4_ARCHS.values())}); this GPU is sm_{arch[0]}{arch[1]}")
+    dim = shape.head_dim
+    if arch[0] == 9 and not (8 <= dim <= 256 and dim % 8 == 0):
+        return f"FlashAttention-4 on sm_90 takes head_dim 8..256 in steps of 8, got {dim}"
+    if arch[0] == 10 and not ((8 <= dim <= 128 and dim % 8 == 0) or dim == 256):
+        return f"FlashAttention-4 on sm_100 takes head_dim 8..128 in steps of 8 or 256, got {dim}"
+    return None
+
+
+def _check_fa4_paged(shape: AttentionShape, phase: str) -> str | None:
+    return _pages_reason(shape, phase) or _check_fa4(shape, phase)
+
+
+# FlashInfer ------------------------------------------------------------------------------------
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+
+
+def _flashinfer_window_left(shape: AttentionShape) -> int:
+    return shape.window[0]
+
+
+def _flashinfer_workspace(device):
+    import torch
+
+    return torch.zeros(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
 def _build_flashinfer(shape: AttentionShape, phase: str, device):
     import flashinfer
 
-    scale = _scale(shape)
+    heads, dim, scale = shape.query_heads, shape.head_dim, _scale(shape)
+    window_left, causal = _flashinfer_window_left(shape), shape.causal
+    if shape.batch > 1:
+        return _flashinfer_ragged(shape, device)
     if phase == "decode":
-        # single-request decode: q (heads, dim), k/v (seqlen, kv_heads, dim)
         return lambda q, k, v: flashinfer.single_decode_with_kv_cache(
-            q[0], k, v, sm_scale=scale).unsqueeze(0)
-    causal = shape.causal
+            q[0, 0], k[0], v[0], use_tensor_cores=True, sm_scale=scale,
+            window_left=window_left).view(1, 1, heads, dim)
     return lambda q, k, v: flashinfer.single_prefill_with_kv_cache(
-        q, k, v, causal=causal, sm_scale=scale)
+        q[0], k[0], v[0], causal=causal, sm_scale=scale, window_left=window_left).unsqueeze(0)
+
+
+def _flashinfer_ragged(shape: AttentionShape, device):
+    """Batch prefill (decode: one query per request) on the contiguous (B*N, H, d) rows,
+    planned here, outside the timed region; FA2's kernels (its FA3 batch kernel would be
+    a second JIT build for the same comparison)."""
+    import torch
+    from flashinfer import BatchPrefillWithRaggedKVCacheWrapper
+
+    batch, heads, kv_heads, dim = shape.batch, shape.query_heads, shape.kv_heads, shape.head_dim
+    wrapper = BatchPrefillWithRaggedKVCacheWrapper(_flashinfer_workspace(device), "NHD",
+                                                   backend="fa2")
+    rows = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    wrapper.plan(rows * shape.seqlen_q, rows * shape.seqlen_k, heads, kv_heads, dim,
+                 causal=shape.causal, window_left=_flashinfer_window_left(shape),
+                 sm_scale=_scale(shape), q_data_type=torch_dtype(shape.dtype))
+
+    def ragged(q, k, v):
+        out = wrapper.run(q.view(-1, heads, dim), k.view(-1, kv_heads, dim),
+                          v.view(-1, kv_heads, dim))
+        return out.view(batch, shape.seqlen_q, heads, dim)
+
+    return ragged
+
+
+def _build_flashinfer_paged(shape: AttentionShape, phase: str, device):
+    import torch
+    from flashinfer import BatchDecodeWithPagedKVCacheWrapper
+
+    batch, heads, kv_heads, dim = shape.batch, shape.query_heads, shape.kv_heads, shape.head_dim
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(_flashinfer_workspace(device), "NHD",
+                                                 use_tensor_cores=True, backend="fa2")
+    table = identity_page_table(shape, device)
+    pages = table.shape[1]
+    wrapper.plan(torch.arange(0, batch * pages + 1, pages, dtype=torch.int32, device=device),
+                 table.flatten(),
+                 torch.full((batch,), PAGE_SIZE, dtype=torch.int32, device=device),
+                 heads, kv_heads, dim, PAGE_SIZE, window_left=_flashinfer_window_left(shape),
+                 sm_scale=_scale(shape), q_data_type=torch_dtype(shape.dtype))
+
+    def paged(q, k, v):
+        out = wrapper.run(q.view(batch, heads, dim), (as_pages(k), as_pages(v)))
+        return out.view(batch, 1, heads, dim)
+
+    return paged
 
 
 def _check_flashinfer(shape: AttentionShape, phase: str) -> str | None:
     reason = _importable("flashinfer") or _half_only(shape, "FlashInfer")
     if reason:
         return reason
-    if shape.batch != 1:
-        return f"the FlashInfer single-request kernels take batch 1, got {shape.batch}"
-    if shape.has_window:
-        return "the FlashInfer single-request provider here does not pass a window"
+    if shape.head_dim not in FLASHINFER_HEAD_DIMS:
+        return (f"the FlashInfer kernels here take head_dim "
+                f"{', '.join(map(str, FLASHINFER_HEAD_DIMS))}, got {shape.head_dim}")
+    if shape.window[1] != -1 and not shape.causal:
+        return (f"FlashInfer takes a left window only (window_left); window={shape.window} "
+                f"without causal needs a right bound")
+    return _flashinfer_toolchain_reason()
+
+
+def _flashinfer_toolchain_reason() -> str | None:
+    """FlashInfer compiles its kernels on first use unless a prebuilt cache is installed."""
+    if importlib.util.find_spec("flashinfer_jit_cache") is not None:
+        return None
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    nvcc = os.environ.get("FLASHINFER_NVCC") or os.path.join(cuda_home, "bin", "nvcc")
+    cxx = os.environ.get("CXX", "c++")
+    missing = [what for what, found in ((f"nvcc ({nvcc})", os.path.exists(nvcc)),
+                                        ("ninja on PATH", shutil.which("ninja")),
+                                        (f"a host compiler ({cxx})", shutil.which(cxx)))
+               if not found]
+    if missing:
+        return (f"FlashInfer JIT-compiles its kernels and needs {' and '.join(missing)} "
+                f"(or the flashinfer-jit-cache wheel)")
     return None
+
+
+def _check_flashinfer_paged(shape: AttentionShape, phase: str) -> str | None:
+    return _pages_reason(shape, phase) or _check_flashinfer(shape, phase)
 
 
 # ----- the registry ------------------------------------------------------------------------------
@@ -383,25 +621,46 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
              "bhsd", _build_sdpa(None), _check_sdpa(None)),
     Provider("sdpa_flash", "PyTorch SDPA pinned to FLASH_ATTENTION (FlashAttention-2)",
              _ALL_PHASES, True, "bhsd", "bhsd", _build_sdpa("FLASH_ATTENTION"),
-             _check_sdpa("FLASH_ATTENTION"), _sdpa_pin("FLASH_ATTENTION")),
+             _check_sdpa("FLASH_ATTENTION"), _sdpa_pin("FLASH_ATTENTION"),
+             kernels=("pytorch_flash::flash_fwd",)),
     Provider("sdpa_efficient", "PyTorch SDPA pinned to EFFICIENT_ATTENTION (xFormers kernels)",
              _ALL_PHASES, True, "bhsd", "bhsd", _build_sdpa("EFFICIENT_ATTENTION"),
-             _check_sdpa("EFFICIENT_ATTENTION"), _sdpa_pin("EFFICIENT_ATTENTION")),
+             _check_sdpa("EFFICIENT_ATTENTION"), _sdpa_pin("EFFICIENT_ATTENTION"),
+             kernels=("fmha_cutlass",)),
     Provider("sdpa_cudnn", "PyTorch SDPA pinned to CUDNN_ATTENTION", _ALL_PHASES, True, "bhsd",
              "bhsd", _build_sdpa("CUDNN_ATTENTION"), _check_sdpa("CUDNN_ATTENTION"),
-             _sdpa_pin("CUDNN_ATTENTION")),
+             _sdpa_pin("CUDNN_ATTENTION"), kernels=("cudnn",)),
     Provider("sdpa_math", "PyTorch SDPA pinned to MATH (unfused reference path)", _ALL_PHASES,
              False, "bhsd", "bhsd", _build_sdpa("MATH"), _check_sdpa("MATH"), _sdpa_pin("MATH")),
     Provider("flex", "FlexAttention under torch.compile", _ALL_PHASES, True, "bhsd", "bhsd",
              _build_flex, _check_flex),
     Provider("attnlab", "attnlab's Triton forward (attnlab.attention, impl='triton')",
-             _ALL_PHASES, True, "bhsd", "bhsd", _build_attnlab, _check_attnlab),
+             _ALL_PHASES, True, "bhsd", "bhsd", _build_attnlab, _check_attnlab,
+             kernels=("_attn_fwd", "_split_kv_decode")),
     Provider("attnlab_decode", "attnlab's decode API (attnlab.flash_attn_with_kvcache)",
-             ("decode",), True, "bshd", "bshd", _build_attnlab_decode, _check_attnlab_decode),
-    Provider("flash_attn", "flash-attn (flash_attn_func; flash_attn_with_kvcache for decode)",
+             ("decode",), True, "bshd", "bshd", _build_attnlab_decode, _check_attnlab_decode,
+             kernels=("_split_kv_decode",)),
+    Provider("attnlab_decode_paged16", "attnlab's decode API on 16-token pages (block_table)",
+             ("decode",), True, "bshd", "bshd", _build_attnlab_decode_paged,
+             _check_attnlab_decode_paged, kernels=("_split_kv_decode",)),
+    Provider("flash_attn", "flash-attn 2 (flash_attn_func; flash_attn_with_kvcache for decode)",
              _FORWARD_PHASES, True, "bshd", "bshd", _build_flash_attn, _check_flash_attn),
-    Provider("flashinfer", "FlashInfer single-request prefill / decode kernels",
-             _FORWARD_PHASES, True, "nhd", "nhd", _build_flashinfer, _check_flashinfer),
+    Provider("fa4", "FlashAttention-4 (flash_attn.cute.flash_attn_func; compiled on the first "
+             "call, the compiled launch timed; decode: one query over the cache, no split-KV)",
+             _ALL_PHASES, True, "bshd", "bshd", _build_fa4, _check_fa4,
+             kernels=("FlashAttentionForwardSm",)),
+    Provider("fa4_paged16", "FlashAttention-4 decode on 16-token pages "
+             "(flash_attn_varlen_func page_table)", ("decode",), True, "bshd", "bshd",
+             _build_fa4_paged, _check_fa4_paged, kernels=("FlashAttentionForwardSm",)),
+    Provider("flashinfer", "FlashInfer (JIT-built on first use): single_prefill_with_kv_cache / "
+             "tensor-core single_decode_with_kv_cache at batch 1, the FA2 ragged batch prefill "
+             "(planned outside the timed call) at batch > 1",
+             _FORWARD_PHASES, True, "bshd", "bshd", _build_flashinfer, _check_flashinfer,
+             kernels=("PrefillWithKVCacheKernel", "BatchPrefillWithRaggedKVCacheKernel")),
+    Provider("flashinfer_paged16", "FlashInfer tensor-core BatchDecodeWithPagedKVCacheWrapper on "
+             "16-token pages (planned outside the timed call)", ("decode",), True, "bshd", "bshd",
+             _build_flashinfer_paged, _check_flashinfer_paged,
+             kernels=("BatchPrefillWithPagedKVCacheKernel",)),
 )}
 
 
@@ -419,6 +678,16 @@ def parse_providers(text: str) -> list[Provider]:
     if not names:
         raise ValueError(f"providers must be 'all' or names from {', '.join(PROVIDERS)}")
     return [provider(n) for n in names]
+
+
+def unproven_kernels(p: Provider, names: Sequence[str]) -> str | None:
+    """Why the profiled kernel ``names`` do not prove that ``p``'s own kernel ran, or None
+    (also for a provider that names no kernels)."""
+    if not p.kernels or any(piece in name for piece in p.kernels for name in names):
+        return None
+    shown = ", ".join(names[:4]) + (" ..." if len(names) > 4 else "") or "no kernels"
+    return (f"the profiler saw none of {p.name}'s kernels (a name containing "
+            f"{' or '.join(map(repr, p.kernels))}); it saw {shown}")
 
 
 def materialised_bytes(p: Provider, shape: AttentionShape, phase: str) -> int:

@@ -9,7 +9,8 @@ For each (phase, provider, length) point:
    the one every kernel is held to (no LSE here: not every provider returns one).  A wrong answer is
    recorded as skipped, with the error, and never timed.
 3. **what ran?**  On a GPU the call runs once under ``torch.profiler`` and the
-   kernel names go into the row, so "SDPA" always says which SDPA.
+   kernel names go into the row, so "SDPA" always says which SDPA; a provider that
+   names its kernels (``Provider.kernels``) is recorded as skipped when none of them ran.
 4. **how fast?**  :func:`attnlab.measure.timing.time_call`, then TFLOP/s from the
    exact FLOP count and TB/s from the compulsory bytes (Q, K, V read once, O
    written once; the backward adds dO read and dQ, dK, dV written).
@@ -26,7 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.measure import records as rec
-from attnlab.measure.providers import Provider, ProviderUnavailable, prepare, to_bhsd
+from attnlab.measure.providers import (
+    Provider,
+    ProviderUnavailable,
+    prepare,
+    to_bhsd,
+    unproven_kernels,
+)
 from attnlab.shapes import AttentionShape
 
 DEFAULT_CHECK_ROWS = 64
@@ -74,17 +81,21 @@ class CheckResult:
 
 
 def check_output(out, inputs: tuple, p: Provider, shape: AttentionShape, *,
-                 rows: int = DEFAULT_CHECK_ROWS) -> CheckResult:
+                 rows: int = DEFAULT_CHECK_ROWS, batches: int | None = None) -> CheckResult:
     """Judge the last ``rows`` query rows of ``out`` by :func:`attnlab.accuracy.check_accuracy`.
 
     Bottom-right alignment makes the last rows' visible keys those of the full problem,
     so those rows alone are the same problem with a shorter query (no LSE: not every
-    provider returns one).
+    provider returns one).  ``batches``: judge only the first that many sequences (each
+    is its own problem; the float64 oracle of a 16 x 128k decode would not fit a GPU).
     """
     from attnlab.accuracy import check_accuracy
 
-    q, k, v = (to_bhsd(t.detach(), p.input_layout) for t in inputs[:3])
-    out = to_bhsd(out.detach(), p.output_layout)
+    if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int)
+                                or batches < 1):
+        raise ValueError(f"batches must be an int >= 1 or None (all), got {batches!r}")
+    q, k, v = (to_bhsd(t.detach(), p.input_layout)[:batches] for t in inputs[:3])
+    out = to_bhsd(out.detach(), p.output_layout)[:batches]
     rows = min(rows, shape.seqlen_q)
     verdict = check_accuracy(out[:, :, -rows:, :], None, q[:, :, -rows:, :], k, v,
                              causal=shape.causal, scale=shape.softmax_scale, window=shape.window)
@@ -103,6 +114,8 @@ class PointResult:
     record: dict
     timing_ms: float | None = None
     check: CheckResult | None = None
+    # The same call timed without CUDA-graph capture (launch overhead included), when asked.
+    uncaptured: object | None = None  # a measure.timing.Timing
 
     @property
     def skipped(self) -> bool:
@@ -144,11 +157,15 @@ FLOP_COUNTS = {"exact": flops, "conventional": conventional_flops}
 
 def measure_point(p: Provider, shape: AttentionShape, phase: str, *, device: str,
                   env: dict, timing: dict | None = None, check_rows: int = DEFAULT_CHECK_ROWS,
-                  prove_kernels: bool = True, flop_count: str = "exact") -> PointResult:
+                  prove_kernels: bool = True, flop_count: str = "exact",
+                  check_batches: int | None = None,
+                  time_uncaptured: bool = False) -> PointResult:
     """Check, prove and time one provider on one shape; a skipped record on any failure.
 
     ``flop_count``: "exact" (the mask's pairs) or "conventional" (4BHN^2d, halved
-    when causal) for the record's TFLOP/s.
+    when causal) for the record's TFLOP/s.  ``check_batches``: how many sequences the
+    float64 check judges (:func:`check_output`).  ``time_uncaptured``: a call timed
+    under CUDA-graph replay is timed again without it (``PointResult.uncaptured``).
     """
     if flop_count not in FLOP_COUNTS:
         raise ValueError(f"flop_count must be one of {list(FLOP_COUNTS)}, got {flop_count!r}")
@@ -170,17 +187,25 @@ def measure_point(p: Provider, shape: AttentionShape, phase: str, *, device: str
         return skip(str(error).split(": ", 1)[-1])
     try:
         inputs = call.inputs(seed=0)
-        check = check_output(call.forward(*inputs[:3]), inputs, p, shape, rows=check_rows)
+        check = check_output(call.forward(*inputs[:3]), inputs, p, shape, rows=check_rows,
+                             batches=check_batches)
         if not check.passed:
             return skip(f"wrong result: max error {check.error:.3g} on the last {check.rows} "
                         f"query rows > allowed {check.allowed:.3g}", check)
         names: list[str] = []
         if device == "cuda" and prove_kernels:
             names = profile_call(call.call, inputs).names()
+            unproven = unproven_kernels(p, names)
+            if unproven:
+                return skip(unproven, check)
         sets = [inputs]
         if timing.get("flush") == "rotate":
             sets += [call.inputs(seed=s) for s in (1, 2, 3)]
         result = time_call(call.unpinned_call, sets, device=device, context=call.pin, **timing)
+        uncaptured = None
+        if time_uncaptured and result.method == "cuda-graph":
+            uncaptured = time_call(call.unpinned_call, sets, device=device, context=call.pin,
+                                   **{**timing, "cuda_graph": False})
     except Exception as error:  # the provider's own failure is a result too
         import torch
 
@@ -195,7 +220,7 @@ def measure_point(p: Provider, shape: AttentionShape, phase: str, *, device: str
         tflops=count_flops(shape, phase) / seconds / 1e12,
         tbps=compulsory_bytes(shape, phase) / seconds / 1e12, kernel_names=names,
         timing_method=result.describe_method())
-    return PointResult(p.name, phase, shape, record, result.p50, check)
+    return PointResult(p.name, phase, shape, record, result.p50, check, uncaptured)
 
 
 def run_sweep(providers: Sequence[Provider], phases: Sequence[str], seqlens: Sequence[int],

@@ -402,6 +402,61 @@ def decode_kv_bytes(shape: AttentionShape, *, kv_dtype: str | None = None,
     return kv + 2 * factors * STATS_BYTES
 
 
+def _visible_query_rows(shape: AttentionShape) -> int:
+    """Query rows of a head that see at least one key (what its dK/dV CTAs load between
+    them): row r sees keys [r + lowest, r + highest] clipped to the keys, so the rows
+    [-highest, seqlen_k - lowest) clipped to the queries."""
+    band = shape_band(shape)
+    first = 0 if band.highest is None else max(0, -band.highest)
+    stop = shape.seqlen_q if band.lowest is None else min(shape.seqlen_q,
+                                                          shape.seqlen_k - band.lowest)
+    return max(0, stop - first)
+
+
+def predict_attnlab_backward(shape: AttentionShape, hw: CacheHardware = H200, *,
+                             dq: FusedTiling, dkdv: FusedTiling,
+                             lse_log2: bool = False) -> list[PredictedKernel]:
+    """attnlab's two backward launches (``kernels/backward.py``), in launch order.
+
+    dQ (grid: query tiles x batch x heads, ``dq.block_m`` rows each): Q, dO, O and LSE of
+    its rows read once (it forms D there), K and V streamed and shared by the CTAs of a
+    KV group as in the forward (assumption 3); writes dQ, D and, where the Gluon dK/dV
+    kernel follows (``lse_log2``), LSE in log2 units.  dK/dV (grid: key blocks x batch x
+    KV heads, ``dkdv.block_n`` keys each, the group's query heads walked by one CTA): its
+    K and V read once, the group's Q, dO, LSE and D rows shared by the key blocks of the
+    KV head, re-read from DRAM once per wave when they do not fit; writes dK, dV once
+    per KV head (no GQA reduction).  The tilings come from the caller
+    (:func:`attnlab.measure.compare.predict_backward` reads the kernels' tables)."""
+    s = _check(shape)
+    b, d = s.element_bytes, s.head_dim
+    rows = s.batch * s.query_heads * s.seqlen_q
+    act = rows * d * b
+    stats = rows * STATS_BYTES
+    kv_per_head = 2 * _visible_kv_rows(s) * d * b
+    q_tiles = -(-s.seqlen_q // dq.block_m)
+    dq_resident = hw.sm_count * dq.launch.ctas_per_sm(hw)
+    dq_passes = kv_dram_passes(q_tiles * s.group_size, dq_resident, kv_per_head, hw)
+    dq_kernel = _kernel(
+        "backward_dq", f"attnlab dQ ({dq.block_m} x {dq.block_n} tiles; forms D)",
+        unshared_reads=3 * act + stats, shared_reads=s.batch * s.kv_heads * kv_per_head * dq_passes,
+        written=act + stats * (2 if lse_log2 else 1), hw=hw,
+        notes=(f"K/V read from DRAM {dq_passes}x per KV head ({q_tiles * s.group_size} CTAs "
+               f"share them, {dq_resident} resident)",
+               "D" + (" and LSE (log2)" if lse_log2 else "") + " written (FP32)"))
+    kv_blocks = -(-s.seqlen_k // dkdv.block_n)
+    q_per_kv_head = s.group_size * _visible_query_rows(s) * (2 * d * b + 2 * STATS_BYTES)
+    dkdv_resident = hw.sm_count * dkdv.launch.ctas_per_sm(hw)
+    dkdv_passes = kv_dram_passes(kv_blocks, dkdv_resident, q_per_kv_head, hw)
+    kv = s.batch * s.kv_heads * s.seqlen_k * d * b
+    dkdv_kernel = _kernel(
+        "backward_dkdv", f"attnlab dK/dV ({dkdv.block_n} keys x {dkdv.block_m} rows)",
+        unshared_reads=2 * kv, shared_reads=s.batch * s.kv_heads * q_per_kv_head * dkdv_passes,
+        written=2 * kv, hw=hw,
+        notes=(f"Q, dO, LSE, D read from DRAM {dkdv_passes}x per KV head ({kv_blocks} CTAs "
+               f"share them, {dkdv_resident} resident)", "dK, dV once per KV head"))
+    return [dq_kernel, dkdv_kernel]
+
+
 def predict_attnlab_decode(shape: AttentionShape, num_splits: int,
                            hw: CacheHardware = H200, *, kv_dtype: str | None = None,
                            kv_scales: str = "tensor") -> list[PredictedKernel]:

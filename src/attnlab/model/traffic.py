@@ -400,7 +400,8 @@ BACKWARD_VARIANTS = ("two-pass", "atomic-dq", "attnlab", "attnlab-sm90")
 
 
 def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope: str = "head",
-                     layers: int | None = None) -> Traffic:
+                     layers: int | None = None, dq_tiles: tuple[int, int] | None = None,
+                     dkdv_tiles: tuple[int, int] | None = None) -> Traffic:
     """FlashAttention-2 backward with recomputation: S and P rebuilt from Q, K and the LSE.
 
     Always a preprocess kernel D = rowsum(dO * O) (FP32 per query row).  Then
@@ -418,11 +419,18 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     block, KV head), loops over the group's query heads with dK/dV in registers, so K/V
     are read and dK/dV written once per KV head and there is no reduction.
     ``"attnlab-sm90"`` is the same with the Gluon dK/dV kernel, for which the dQ kernel
-    also writes LSE in log2 units, read in place of the LSE.
+    also writes LSE in log2 units, read in place of the LSE.  Each attnlab kernel has its
+    own tiles, (query rows, key rows): ``dq_tiles`` (``BackwardConfig.dq_block_m/n``) and
+    ``dkdv_tiles`` (``dkdv_block_m/n``, or the Gluon kernel's ``block_m`` and 128 keys);
+    by default the shape's ``block_m``/``block_n`` (the model does not import the kernels'
+    tables: :func:`attnlab.measure.compare.attnlab_backward_tiles` reads them).
     """
     check_shape(shape)
     if variant not in BACKWARD_VARIANTS:
         raise ValueError(f"variant must be one of {list(BACKWARD_VARIANTS)}, got {variant!r}")
+    if not variant.startswith("attnlab") and (dq_tiles, dkdv_tiles) != (None, None):
+        raise ValueError(f"dq_tiles/dkdv_tiles are attnlab's kernels' tiles; variant "
+                         f"{variant!r} has B_r x B_c in both passes (the shape's)")
     sc = _scoped(shape, scope, layers)
     s = sc.shape
     heads = s.batch * s.query_heads
@@ -436,7 +444,9 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     kv = heads * s.seqlen_k * act
     stats = heads * s.seqlen_q * STATS_BYTES
     if variant.startswith("attnlab"):
-        return _attnlab_backward(sc, shape, variant, q_rows_per_pair, kv_rows_per_pair, pairs)
+        default = (s.block_m, s.block_n)
+        return _attnlab_backward(sc, shape, variant, _tiles(dq_tiles or default, "dq_tiles"),
+                                 _tiles(dkdv_tiles or default, "dkdv_tiles"), pairs)
     stages = [sc.kernel("backward preprocess D = rowsum(dO * O)", {"O": qo, "dO": qo}, {"D": stats},
                         2 * s.head_dim * s.seqlen_q * heads)]
     if variant == "two-pass":
@@ -483,8 +493,15 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     )
 
 
-def _attnlab_backward(sc, shape: AttentionShape, variant: str, q_rows_per_pair: int,
-                      kv_rows_per_pair: int, pairs: int) -> Traffic:
+def _tiles(tiles, name: str) -> tuple[int, int]:
+    if not (isinstance(tiles, tuple) and len(tiles) == 2):
+        raise ValueError(f"{name} must be (query rows, key rows), got {tiles!r}")
+    return check_int(f"{name}[0]", tiles[0], minimum=1), check_int(f"{name}[1]", tiles[1],
+                                                                   minimum=1)
+
+
+def _attnlab_backward(sc, shape: AttentionShape, variant: str, dq_tiles: tuple[int, int],
+                      dkdv_tiles: tuple[int, int], pairs: int) -> Traffic:
     """backward_traffic's ``"attnlab"`` and ``"attnlab-sm90"`` (see there)."""
     s = sc.shape
     heads = s.batch * s.query_heads
@@ -492,17 +509,24 @@ def _attnlab_backward(sc, shape: AttentionShape, variant: str, q_rows_per_pair: 
     qo = heads * s.seqlen_q * act
     stats = heads * s.seqlen_q * STATS_BYTES
     kv_once = s.batch * s.kv_heads * s.seqlen_k * act  # per KV head: no GQA expansion
+    # dQ: each query tile loads the K/V tiles its rows see (K/V rows over tile pairs);
+    # dK/dV: each key block loads the query tiles that see it (Q rows over tile pairs).
+    kv_rows = tile_plan(s.replace(block_m=dq_tiles[0], block_n=dq_tiles[1])).kv_rows_loaded()
+    q_rows = tile_plan(s.replace(block_m=dkdv_tiles[0],
+                                 block_n=dkdv_tiles[1])).query_rows_times_tiles()
     lse = "LSE (log2)" if variant == "attnlab-sm90" else "LSE"
     dq_writes = {"dQ": qo, "D": stats, **({lse: stats} if lse != "LSE" else {})}
     stages = (
-        sc.kernel("attnlab dQ (query tiles outer; forms and writes D)",
+        sc.kernel(f"attnlab dQ (query tiles outer, {dq_tiles[0]} x {dq_tiles[1]}; forms and "
+                  "writes D)",
                   {"Q": qo, "dO": qo, "O": qo, "LSE": stats,
-                   "K": heads * kv_rows_per_pair * act, "V": heads * kv_rows_per_pair * act},
+                   "K": heads * kv_rows * act, "V": heads * kv_rows * act},
                   dq_writes, 6 * s.head_dim * pairs * heads + 2 * s.head_dim * s.seqlen_q * heads),
-        sc.kernel("attnlab dK/dV (KV tiles outer, the GQA group summed in registers)",
-                  {"K": kv_once, "V": kv_once, "Q": heads * q_rows_per_pair * act,
-                   "dO": heads * q_rows_per_pair * act, lse: heads * q_rows_per_pair * STATS_BYTES,
-                   "D": heads * q_rows_per_pair * STATS_BYTES},
+        sc.kernel(f"attnlab dK/dV (KV tiles outer, {dkdv_tiles[1]} keys x {dkdv_tiles[0]} "
+                  "rows, the GQA group summed in registers)",
+                  {"K": kv_once, "V": kv_once, "Q": heads * q_rows * act,
+                   "dO": heads * q_rows * act, lse: heads * q_rows * STATS_BYTES,
+                   "D": heads * q_rows * STATS_BYTES},
                   {"dK": kv_once, "dV": kv_once}, 8 * s.head_dim * pairs * heads),
     )
     kernel = "the Gluon sm_90 dK/dV kernel" if variant == "attnlab-sm90" else "the Triton kernels"
@@ -513,7 +537,9 @@ def _attnlab_backward(sc, shape: AttentionShape, variant: str, q_rows_per_pair: 
         kernels=stages,
         assumptions=("S and P recomputed from Q, K and the forward's LSE, never loaded",
                      "D formed by the dQ kernel from the O and dO rows it loads",
-                     f"tiles: B_r={s.block_m} query rows, B_c={s.block_n} key rows in both kernels",
+                     f"tiles: dQ {dq_tiles[0]} query rows x {dq_tiles[1]} keys, dK/dV "
+                     f"{dkdv_tiles[1]} keys x {dkdv_tiles[0]} query rows",
+                     "no dLSE read (the LSE output not differentiated)",
                      "LSE and D are FP32", "logical: no cache reuse"),
     )
 

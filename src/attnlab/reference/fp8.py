@@ -7,9 +7,9 @@ vLLM (``k_scale``/``v_scale``): real value = fp8 value x d.  Quantising is the i
 ``x / d`` rounded to the nearest e4m3 (ties to even), saturated to +-448 (an infinity
 becomes +-448, a NaN stays NaN: what the GPU's ``cvt.rn.satfinite`` does).
 
-These are the one definition both paths share: the KV-cache append quantises new keys
-and values with :func:`quantize_e4m3` before either the Triton kernel or the float64
-reference attends, and the oracle reads an fp8 tensor through :func:`dequantize`.
+These are the one definition: the reference KV-cache path quantises new keys and values
+with :func:`quantize_e4m3` (the Triton append kernel, kernels/append.py, stores the same
+bytes, tested bit for bit), and the oracle reads an fp8 tensor through :func:`dequantize`.
 """
 
 from __future__ import annotations
