@@ -12,7 +12,7 @@
    ``sm90`` (only when asked): the Gluon sm_90 dK/dV kernel's candidates, accuracy
    and the backward timed with each against the Triton dK/dV kernel (``phase_sm90``).
 
-   ``ncu`` (only when asked, <= 75 s): Nsight Compute's DRAM bytes of the forward and the
+   ``ncu`` (only when asked, <= 60 s): Nsight Compute's DRAM bytes of the forward and the
    two backward kernels of one fwd+bwd call at d = 128 (16 heads, 4 x 4k, causal) and
    the GQA d = 256 layer (24q/4kv, 4k, causal) against the cache-aware and logical
    models; ``backward_ncu.jsonl`` (records), ``backward_ncu_vs_model.jsonl``.
@@ -791,7 +791,7 @@ bench.option("--profile", action="store_true", help="list each call's kernels")
 # The order they run in: the ones only run when asked first, the tuning before the table.
 bench.phase("edge", default=False)(phase_edge)
 bench.phase("profile", default=False, plan=profile_plan)(phase_profile)
-bench.phase("ncu", default=False, cap_s=75.0, plan=lambda args: list(NCU_SHAPES))(phase_ncu)
+bench.phase("ncu", default=False, cap_s=60.0, plan=lambda args: list(NCU_SHAPES))(phase_ncu)
 bench.phase("correct", cap_s=45.0, plan=correctness_cases)(phase_correct)
 bench.phase("sm90", default=False, cap_s=200.0, plan=sm90_plan)(phase_sm90)
 bench.phase("tune", cap_s=90.0, plan=tune_plan)(phase_tune)

@@ -33,8 +33,8 @@ Each point's rows are written when the point is done (serving.jsonl; contract re
 the time per token in serving_records.jsonl; the step traces under traces/); a provider that fails (out of memory: eager
 at batch 32) is recorded with its reason and the run goes on; the table is printed last.
 
-``--quick`` (the lead's GPU call, ~80 s): the llama shape, 2 layers, 64 new tokens,
-batch 1 and 8.  ``--device cpu --tiny`` runs the whole path on a toy model (tests).
+``--quick`` (the lead's GPU call, ~50-60 s): the llama shape, 2 layers, 32 new tokens
+(12 checked), batch 1 and 8.  ``--device cpu --tiny`` runs the whole path on a toy model (tests).
 A configuration of attnlab.measure.engine.
 """
 
@@ -50,7 +50,7 @@ from attnlab.measure.engine import Bench
 
 bench = Bench("serving_h200", __doc__, devices=("cuda", "cpu"))
 bench.option("--quick", action="store_true",
-             help="llama shape, 2 layers, 64 new tokens, batch 1 and 8 (~80 s)")
+             help="llama shape, 2 layers, 32 new tokens, batch 1 and 8 (~50-60 s)")
 bench.option("--tiny", action="store_true", help="a toy model (CPU smoke runs)")
 
 SHAPES = {  # query heads, kv heads, head dim, hidden, MLP hidden
@@ -73,8 +73,8 @@ def run_settings(args) -> dict:
         return dict(shapes={"tiny": (4, 2, 32, 64, 128)}, layers=1, prompt=48, new=8,
                     batches=(1, 2), vocab=500, check_steps=4)
     if args.quick:
-        return dict(shapes={"llama": SHAPES["llama"]}, layers=2, prompt=4096, new=64,
-                    batches=(1, 8), vocab=VOCAB, check_steps=16)
+        return dict(shapes={"llama": SHAPES["llama"]}, layers=2, prompt=4096, new=32,
+                    batches=(1, 8), vocab=VOCAB, check_steps=12)
     return dict(shapes=SHAPES, layers=8, prompt=4096, new=256, batches=(1, 8, 32), vocab=VOCAB,
                 check_steps=CHECK_STEPS)
 

@@ -9,7 +9,7 @@ page's metrics.  tests/test_shipped_results.py re-cuts and compares byte for byt
 
 from pathlib import Path
 
-from attnlab.measure.shipped import COPY, NCU_PAGE_METRICS, ship
+from attnlab.measure.shipped import COPY, NCU_PAGE_METRICS, RECORDS_PAGE, ship
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = [
@@ -17,6 +17,11 @@ SHIPPED = [
     ("decode.jsonl", COPY),
     ("fwdbwd.jsonl", COPY),
     ("measure.jsonl", COPY),
+    # The seed's comparison (FA4, FlashInfer and the rest; issue #33) for the page.
+    ("seed_prefill.jsonl", RECORDS_PAGE),
+    ("seed_decode_b1.jsonl", RECORDS_PAGE),
+    ("seed_decode_b16.jsonl", RECORDS_PAGE),
+    ("seed_fwdbwd.jsonl", RECORDS_PAGE),
     ("kernels.json", COPY),
     ("ncu/ncu_kernels.csv", NCU_PAGE_METRICS),
     ("ncu/decode/ncu_kernels.csv", NCU_PAGE_METRICS),

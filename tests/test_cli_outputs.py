@@ -261,7 +261,8 @@ def test_the_records_table_tells_every_row_apart(capsys):
     Console(width=400, record=True).print(table)
     columns = [[str(cell) for cell in column._cells] for column in table.columns]
     rows = list(zip(*columns, strict=True))
-    shown = [row[:5 + sum(c.header in ("GPU", "metric", "kernel") for c in table.columns)]
+    shown = [row[:5 + sum(c.header in ("GPU", "metric", "kernel", "measured")
+                          for c in table.columns)]
              for row in rows]
     assert len(set(shown)) == len(shown)  # phase, shape, provider, Nq, Nk (+ GPU ...)
     assert {c.header for c in table.columns} >= {"Nq", "Nk"}

@@ -320,8 +320,10 @@ def test_the_kernel_patterns_match_every_committed_record_of_their_provider():
         for kernel_list in names.get(name, ()) if p.kernels else ():
             assert unproven_kernels(p, list(kernel_list)) is None, (name, kernel_list)
             checked.add(name)
+    # The H200 run of 2026-12-02 (bench/results/seed_*.jsonl) proved FA4's and FlashInfer's.
     assert checked == {"sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "attnlab", "attnlab_decode",
-                       "attnlab_decode_paged16"}
+                       "attnlab_decode_paged16", "fa4", "fa4_paged16", "flashinfer",
+                       "flashinfer_paged16"}
 
 
 # The names these libraries' kernels have (FA4: the CuTe DSL's entry for its sm_90 forward,

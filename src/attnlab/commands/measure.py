@@ -122,17 +122,20 @@ def _short_shape(shape: dict) -> str:
 
 # Record fields a table shows only when its rows differ in them (else they would make two
 # rows look the same: two GPUs, two metrics, per-kernel rows of one call).
-_DISTINGUISHING = (("gpu", "GPU"), ("metric", "metric"), ("kernel", "kernel"))
+# (what tells two rows apart, its header): the same point measured by two runs (the
+# seed comparison re-measures points of the fwd+bwd table) differs in when it ran.
+_DISTINGUISHING = ((lambda r: r["gpu"], "GPU"), (lambda r: r["metric"], "metric"),
+                   (lambda r: r["kernel"], "kernel"), (lambda r: r["timestamp"][:16], "measured"))
 
 
 def records_table(records: list[dict], title: str):
     """One row per record, with every column that tells two rows apart: the shape and
     both lengths always (decode rows differ in seqlen_q: speculative queries), the GPU,
-    metric and kernel when they vary."""
+    metric, kernel and the time it was measured when they vary."""
     from rich.table import Table
 
-    extra = [(key, header) for key, header in _DISTINGUISHING
-             if len({r[key] for r in records}) > 1]
+    extra = [(value, header) for value, header in _DISTINGUISHING
+             if len({value(r) for r in records}) > 1]
     table = Table(title=title, title_justify="left")
     for column in ("phase", "shape", "provider", "Nq", "Nk", *(h for _, h in extra),
                    "median ms (p20-p80)", "TFLOP/s", "TB/s",
@@ -142,7 +145,7 @@ def records_table(records: list[dict], title: str):
     for r in records:
         head = [r["phase"], _short_shape(r["shape"]), r["provider"],
                 str(r["shape"].get("seqlen_q", "")), str(r["shape"].get("seqlen_k", "")),
-                *(str(r[key]) for key, _ in extra)]
+                *(str(value(r)) for value, _ in extra)]
         if r["metric"] == "skipped":
             table.add_row(*head, "-", "-", "-", r["reason"])
         else:

@@ -28,7 +28,10 @@ MANIFEST_NAME = "MANIFEST.json"
 # How a source file becomes its shipped copy.
 COPY = "copy"
 NCU_PAGE_METRICS = "ncu-page-metrics"
-CUTS = (COPY, NCU_PAGE_METRICS)
+# Records with their profiled kernel lists emptied (demangled template names, most of a peer
+# run's bytes): the page reads the timings; the proof stays in bench/results.
+RECORDS_PAGE = "records-page"
+CUTS = (COPY, NCU_PAGE_METRICS, RECORDS_PAGE)
 # The wheel's whole budget for measured files (issue #27: a core wheel <= 1.5 MB).
 SHIPPED_BYTES_LIMIT = 1_000_000
 
@@ -79,13 +82,21 @@ def cut(source: Path, how: str) -> bytes:
         return Path(source).read_bytes()
     if how == NCU_PAGE_METRICS:
         return _ncu_page_rows(Path(source))
+    if how == RECORDS_PAGE:
+        lines = Path(source).read_text(encoding="utf-8").splitlines()
+        records = [{**json.loads(line), "kernel_names": []} for line in lines if line.strip()]
+        return "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode("utf-8")
     raise ValueError(f"unknown cut {how!r}; expected one of {', '.join(CUTS)}")
 
 
 def shipped_name(relative: str, how: str) -> str:
     """Where a source file's cut lands in the shipped folder: a cut that changes the
     format says so in its name."""
-    return relative.removesuffix(".csv") + ".page.csv" if how == NCU_PAGE_METRICS else relative
+    if how == NCU_PAGE_METRICS:
+        return relative.removesuffix(".csv") + ".page.csv"
+    if how == RECORDS_PAGE:
+        return relative.removesuffix(".jsonl") + ".page.jsonl"
+    return relative
 
 
 def ship(source: Path, dest: Path, paths_and_cuts: list[tuple[str, str]]) -> list[dict]:
