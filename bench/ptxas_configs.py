@@ -21,7 +21,9 @@ builds ``CANDIDATES`` (other backward tiles) instead, to find ones that build.
 Triton 3.6.0's ptxas died (SIGSEGV) on two-stage dQ tiles at head_dim 16/32 (bench/NOTES.md,
 B15); the chosen configs must pass here on every supported Triton, and a config that fails
 is listed in ``configs.PTXAS_FAILURES`` (tests/test_ptxas_configs.py checks the tables
-never choose one).  About 35 min per Triton for the default sweep on two cores.
+never choose one).  A build takes 2-20 s of one core (the spilling d = 256 tiles the
+longest): ``--variants plain`` over every head dim is ~340 builds per Triton; ``--jobs``
+runs builds side by side.
 """
 
 from __future__ import annotations
