@@ -33,6 +33,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+# Where attnlab's runs keep FlashInfer's builds (the benchmark's and the GPU tests' alike,
+# so one reuses the other's modules).
+DEFAULT_CACHE = "/tmp/attnlab-flashinfer"
 CACHE_ENV = "FLASHINFER_WORKSPACE_BASE"
 ARCH_ENV = "FLASHINFER_CUDA_ARCH_LIST"
 # FlashInfer's FA3 (Hopper) prefill kernels exist for these head dims.
