@@ -16,7 +16,8 @@ One call for the lead's lease (issue 31), about 110 s with compiles:
 3. ``prefill`` (cap 30 s): d = 128, N = 4k/8k/16k, causal and not, attnlab's bf16 forward
    (whatever its dispatcher runs) against the FP8 forward (FA3 interface, V's transpose
    included), TFLOP/s;
-4. ``tune`` (only when asked, cap 40 s): other fp8 decode and prefill tilings.
+4. ``tune`` (only when asked, cap 75 s): other fp8 decode tilings (both head shapes, batch 1
+   and 16 x 32k) and prefill tilings.
 
 Records (measure.records; the provider names the cache dtype: ``attnlab_decode_bf16``,
 ``attnlab_decode_fp8``, ``sdpa_cudnn``, ``attnlab_forward_bf16``, ``attnlab_forward_fp8``;
@@ -28,6 +29,7 @@ batch 1 from 32k; fp8 prefill >= 1.4x bf16 at d = 128 from 4k).
 
 from __future__ import annotations
 
+import itertools
 import sys
 import traceback
 
@@ -37,7 +39,8 @@ import attnlab
 import attnlab.flash_attn_interface as fa3
 from attnlab.accuracy import check_fp8_accuracy, check_fp8_cache_accuracy
 from attnlab.kernels.configs import DecodeConfig, ForwardConfig, decode_config
-from attnlab.kernels.decode import flash_decode, sm_count
+from attnlab.kernels.decode import flash_decode
+from attnlab.kernels.dispatch import sm_count
 from attnlab.kernels.forward import flash_forward_fp8
 from attnlab.measure import records
 from attnlab.measure.engine import Bench
@@ -289,22 +292,27 @@ def prefill(ctx) -> list[dict]:
 
 
 # ----- 4. tuning -------------------------------------------------------------------------------
-DECODE_TUNE = (DecodeConfig(128, 4, 3, 1), DecodeConfig(128, 4, 4, 1), DecodeConfig(64, 4, 4, 2),
-               DecodeConfig(128, 8, 3, 1))
+DECODE_TUNE = {  # head dim -> candidates (block_n, warps, stages, ctas_per_sm)
+    128: (DecodeConfig(128, 4, 3, 1), DecodeConfig(128, 4, 4, 1), DecodeConfig(128, 4, 5, 1),
+          DecodeConfig(128, 4, 3, 2), DecodeConfig(64, 4, 4, 2), DecodeConfig(64, 4, 6, 2),
+          DecodeConfig(128, 8, 3, 1)),
+    256: (DecodeConfig(64, 4, 3, 2), DecodeConfig(64, 4, 4, 1), DecodeConfig(64, 4, 3, 1),
+          DecodeConfig(32, 4, 4, 2), DecodeConfig(64, 8, 3, 1)),
+}
 PREFILL_TUNE = (ForwardConfig(128, 128, 8, 3), ForwardConfig(128, 64, 8, 3),
                 ForwardConfig(128, 128, 8, 4), ForwardConfig(128, 128, 8, 2))
 
 
-@bench.phase("tune", default=False, cap_s=40.0)
+@bench.phase("tune", default=False, cap_s=75.0)
 def tuning(ctx) -> None:
     """Other tilings of the fp8 decode (1 and 16 x 32k) and the FP8 prefill (8k)."""
     out = []
-    for batch in (1, 16):
-        shape = decode_shape(batch, 32768, 32, 8, 128)
+    for (heads, kv_heads, dim), batch in itertools.product(DECODE_HEADS, (1, 16)):
+        shape = decode_shape(batch, 32768, heads, kv_heads, dim)
         _, _, (q, k8, v8, kd, vd), moved = decode_calls(shape)[1]
-        for config in ctx.within_budget(DECODE_TUNE, label=str):
+        for config in ctx.within_budget(DECODE_TUNE[dim], label=str):
             name = (f"attnlab_decode_fp8[block_n={config.block_n},warps={config.num_warps},"
-                    f"stages={config.num_stages}]")
+                    f"stages={config.num_stages},ctas_per_sm={config.ctas_per_sm}]")
             def run(q, k, v, kd, vd, config=config):
                 return flash_decode(q, k, v, scale=shape.softmax_scale, causal=True,
                                     config=config, k_descale=kd, v_descale=vd)

@@ -435,6 +435,44 @@ def phase_decode(ctx) -> list:
     return out
 
 
+@bench.phase("decode_profile", default=False, cap_s=40.0)
+def phase_decode_profile(ctx) -> None:
+    """Where a decode call's host time goes: cProfile over 300 back-to-back calls (B1 x 4k,
+    tensor cache_seqlens; contiguous, 16-token pages) and the wall time per call beside it."""
+    import cProfile
+    import io
+    import pstats
+
+    from attnlab.shapes import AttentionShape
+
+    shape = AttentionShape(batch=1, query_heads=32, kv_heads=8, seqlen_q=1, seqlen_k=4096,
+                           head_dim=128, dtype="bf16", causal=True)
+    text = io.StringIO()
+    for name, page_size in DECODE_VARIANTS[:2]:
+        fn, inputs = decode_call(shape, page_size)
+        for _ in range(20):
+            fn(*inputs)
+        torch.cuda.synchronize()
+        calls = 300
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*inputs)
+        wall_us = (time.perf_counter() - start) / calls * 1e6
+        torch.cuda.synchronize()
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(calls):
+            fn(*inputs)
+        profile.disable()
+        torch.cuda.synchronize()
+        text.write(f"== {name} {shape.describe()}: {calls} calls, {wall_us:.1f} us per call "
+                   "unprofiled (back to back)\n")
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(profile, stream=text).sort_stats(order).print_stats(30)
+        print(f"  {name}: {wall_us:.1f} us per call back to back", flush=True)
+    ctx.path("decode_cprofile.txt").write_text(text.getvalue())
+
+
 def attnlab_checks(device) -> None:
     """The measured calls' indices were all in range (the record is empty)."""
     import attnlab

@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 # Every bench script that is a configuration of the engine.  The two table writers
 # (forward_table.py, sm90_dispatch_table.py) read committed records and run no phases.
-SCRIPTS = ("backward_h200", "decode_h200", "forward_h200", "h200_measure", "host_cost_h200",
-           "racecheck_probe", "ring_h200", "sanitize_h200", "sdpa_route_check", "seed_h200",
-           "serving_h200", "sm90_h200", "train_check_h200", "varlen_h200")
+# Every script built on the engine (found, not listed: a new one is covered at once).
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+SCRIPTS = tuple(sorted(p.stem for p in BENCH_DIR.glob("*.py") if "Bench(" in p.read_text()))
 
 
 class Clock:
@@ -286,6 +286,7 @@ PLAN_VARIANTS = [
     ("serving_h200", ["--quick"]),
     ("decode_h200", ["--phases", "paged_sweep"]),
     ("host_cost_h200", ["--phases", "decode"]),
+    ("fp8_h200", ["--phases", "correct,decode,prefill,tune"]),
     ("sm90_h200", ["--quick"]),
     ("sm90_h200", ["--head-dims", "128,256,64", "--schedules", "split", "--rescales",
                    "late,early", "--stores", "direct,vector"]),

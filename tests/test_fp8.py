@@ -135,6 +135,45 @@ def test_fp8_cache_decode_meets_the_accuracy_rule(paged, per_tensor, dtype, seql
 
 
 @runs_kernels
+def test_fp8_cache_decode_takes_bf16_q_rows_outside_fp16s_range():
+    # The kernel meets an fp8 cache with fp16 MMAs: each bf16 q row is scaled by a power
+    # of two into fp16's range.  Rows of one KV group far above fp16's 65504 and far
+    # below its smallest subnormal, beside ordinary ones, a zero row, and a NaN that
+    # must stay in its own row.
+    batch, heads, kv_heads, dim, capacity = 1, 8, 2, 32, 70
+    k_descale, v_descale = (torch.tensor([0.02], device=DEVICE), torch.tensor([0.01], device=DEVICE))
+    k_cache, v_cache = (fp8_cache(batch, capacity, kv_heads, dim, d, seed=s)
+                        for d, s in ((k_descale, 8), (v_descale, 9)))
+    q = make_qkv(batch, heads, kv_heads, 1, 1, dim, torch.float32, layout="bshd", seed=10,
+                 device=DEVICE)[0]
+    q[0, 0, 0] *= 3e4     # max |q| ~1e5: no fp16
+    q[0, 0, 1] *= 1e-30   # below fp16's subnormals
+    q[0, 0, 2] = 0.0
+    q[0, 0, 5, 3] = float("nan")
+    q[0, 0, 6, :dim // 2] *= 2.0**-20   # one row spanning 2^20 (exact in fp16 once scaled)
+    q = q.to(torch.bfloat16)
+    options = dict(causal=True, return_softmax_lse=True, k_descale=k_descale, v_descale=v_descale)
+    out, lse = attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, impl="triton", **options)
+    assert attnlab.last_impl() == "triton-decode"
+    assert out[0, 0, 5].isnan().all() and lse[0, 5].isnan().all()
+    finite = [h for h in range(heads) if h != 5]
+    assert not out[0, 0, finite].isnan().any()
+    real_k = dequantize(k_cache, per_head(as_view(k_descale, batch, kv_heads))).double()
+    real_v = dequantize(v_cache, per_head(as_view(v_descale, batch, kv_heads))).double()
+    group = heads // kv_heads
+    for h in finite:
+        kk, vv = real_k[0, :, h // group], real_v[0, :, h // group]
+        scores = (q[0, 0, h].double().cpu() @ kk.cpu().T) / math.sqrt(dim)
+        ref = torch.softmax(scores, 0) @ vv.cpu()
+        # The kernel's own error budget: P in fp16 and fp32 accumulation (bf16 round-off of
+        # the output dominates), measured against the output's scale.
+        error = (out[0, 0, h].double().cpu() - ref).abs().max().item()
+        assert error <= 2.0**-7 * max(ref.abs().max().item(), 1e-3), (h, error)
+        assert abs(lse[0, h].item() - torch.logsumexp(scores, 0).item()) <= 1e-3 * max(
+            1.0, abs(torch.logsumexp(scores, 0).item())), h
+
+
+@runs_kernels
 def test_the_cache_rule_fails_a_decode_that_drops_v_descale():
     batch, heads, kv_heads, dim, capacity = 1, 4, 1, 32, 96
     k_descale, v_descale = (torch.tensor([0.01], device=DEVICE), torch.tensor([0.03], device=DEVICE))
@@ -462,6 +501,8 @@ def build(kernel, pointers, constants, config):
     return {"wgmma": sorted(set(re.findall(r"wgmma\.mma_async\.\S+", ptx))),
             "mma": sorted(set(re.findall(r"mma\.sync\.\S+", ptx))),
             "async_copies": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
+            "e4m3_to_f16": ptx.count("cvt.rn.f16x2.e4m3x2"),
+            "f16_to_f32": ptx.count("cvt.f32.f16"),
             "shared": compiled.metadata.shared}
 
 config = fp8_forward_config(128, False)
@@ -483,7 +524,7 @@ cache = build(_split_kv_decode, {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv",
               dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=16, BLOCK_N=decode.block_n,
                    PAGE_SIZE=0, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
                    HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
-                   UPCAST_DOT=False, PER_PAGE=False, DESCALED=True), decode)
+                   UPCAST_DOT=False, PER_PAGE=False, DESCALED=True, ROW_SCALED_Q=True), decode)
 print(json.dumps({"keys_contiguous": keys_contiguous, "d_contiguous": d_contiguous,
                   "decode": cache}))
 """
@@ -497,8 +538,10 @@ def test_sm90a_code_runs_both_fp8_products_on_wgmma_with_v_pipelined(json_from_f
     # V with its keys contiguous joins K in the cp.async pipeline; with d contiguous Triton
     # stages it through registers (fewer async copies): why keys_contiguous() transposes V.
     assert built["keys_contiguous"]["async_copies"] > built["d_contiguous"]["async_copies"]
-    # The fp8 cache: e4m3 tiles converted to bf16 for the MMA, in half bf16's shared memory.
-    assert built["decode"]["mma"] == ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"]
+    # The fp8 cache: e4m3 tiles converted to fp16 (one packed conversion per two values,
+    # none through fp32) for fp16 MMAs with a bf16 q, in half bf16's shared memory.
+    assert built["decode"]["mma"] == ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
+    assert built["decode"]["e4m3_to_f16"] > 0 and built["decode"]["f16_to_f32"] == 0
     assert built["decode"]["shared"] < 100 * 1024
 
 

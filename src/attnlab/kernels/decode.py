@@ -64,9 +64,29 @@ from attnlab.masking import effective_window, reach_window
 
 
 @triton.jit
+def _fp16_rows(q):
+    """bf16 rows ``q`` as fp16, each scaled by a power of two that puts its largest
+    magnitude in [2^14, 2^15], and each row's inverse scale.
+
+    Exact wherever a value is within 2^28 of its row's largest (fp16 keeps bf16's 8
+    significant bits over 30 binades), so a bf16 q of any magnitude meets an fp8 cache
+    in fp16 MMAs: e4m3 -> fp16 is one packed conversion per two values, e4m3 -> bf16
+    three per value through fp32, and the conversion pipe's 16 per cycle per SM made
+    that kernel conversion-bound (bench/NOTES.md, S7).  Both factors are built from
+    their exponent bits (exact; MUFU's exp2 is an approximation).  A zero row scales
+    by 2^114 and stays 0; an inf stays inf and a NaN stays NaN in its own row only."""
+    amax = tl.max(tl.abs(q.to(tl.float32)), 1)
+    # floor(log2) may miss by one at a power of two, which keeps the top in [2^14, 2^15].
+    exponent = tl.minimum(tl.maximum(tl.floor(tl.log2(amax)), -100.0), 127.0).to(tl.int32)
+    scale = ((127 + 14 - exponent) << 23).to(tl.float32, bitcast=True)
+    unscale = ((127 - 14 + exponent) << 23).to(tl.float32, bitcast=True)
+    return (q.to(tl.float32) * scale[:, None]).to(tl.float16), unscale
+
+
+@triton.jit
 def _decode_tiles(
     acc, l_i, m_i, bad, q,
-    k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
+    k_base, v_base, block_table_row, ERRORS, off_b, num_pages, q_unscale,
     stride_kpage, stride_kn, stride_vpage, stride_vn,
     offs_m, offs_d, kv_start, kv_end,
     seqlen_k, diag_offset, window_left, window_right,
@@ -74,13 +94,14 @@ def _decode_tiles(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr, ROW_SCALED_Q: tl.constexpr,
 ):
     """Fold the cache's key tiles [kv_start, kv_end) into the running state (m_i, l_i,
     acc); ``bad`` turns 1 where a page entry is out of range (_page_of).
 
-    An fp8 cache's tiles are converted to q's dtype as they are loaded (exact: every e4m3
-    value is a bf16 and an fp16 value); its descale factors live outside the loop."""
+    An fp8 cache's tiles are converted to fp16 as they are loaded (exact: every e4m3 value
+    is an fp16 value) and meet q's fp16 rows (:func:`_fp16_rows`), whose power-of-two row
+    scales ``q_unscale`` undoes on the scores; its descale factors live outside the loop."""
     for start_n in range(kv_start, kv_end, BLOCK_N):
         if PER_PAGE:
             # Every stage starts on a multiple of BLOCK_N (the band and split bounds are).
@@ -96,6 +117,8 @@ def _decode_tiles(
                              seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED,
                              PER_PAGE).to(q.dtype)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST_DOT)
+        if ROW_SCALED_Q:
+            qk = qk * q_unscale[:, None]
         p, alpha, m_i, l_i = _online_softmax_step(
             qk, m_i, l_i, offs_m, start_n, seqlen_k, diag_offset, window_left, window_right,
             qk_scale, softcap_log2, softcap_inv, BLOCK_N, MASKED, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)
@@ -139,7 +162,7 @@ def _split_kv_decode(
     HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr,
-    DESCALED: tl.constexpr,
+    DESCALED: tl.constexpr, ROW_SCALED_Q: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -182,6 +205,10 @@ def _split_kv_decode(
     if HEAD_DIM != HEAD_DIM_PAD:
         q_mask = q_mask & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)
+    # An fp8 cache meets fp16 rows of q (_fp16_rows: a bf16 q's rows scaled into range).
+    q_unscale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if ROW_SCALED_Q:
+        q, q_unscale = _fp16_rows(q)
 
     if PAGE_SIZE == 0:
         cache_b = cache_b.to(tl.int64)
@@ -225,10 +252,10 @@ def _split_kv_decode(
             start, end = full_hi, hi
         acc, l_i, m_i, bad = _decode_tiles(
             acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
-            stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, start, end, seqlen_k,
+            q_unscale, stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, start, end, seqlen_k,
             diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
             BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, stage != 1, HAS_LEFT,
-            HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, PER_PAGE)
+            HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, PER_PAGE, ROW_SCALED_Q)
 
     # A row that sees no key of this split (an empty split, a hidden row): O = 0,
     # LSE = -inf, which the combine drops; a NaN stays NaN (_finish_rows), so the
@@ -465,6 +492,7 @@ class _DecodePlan:
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=softcap > 0,
             UPCAST_DOT=interpreted and q.dtype == torch.bfloat16,
             PER_PAGE=paged and self.config.paged_loads == "per_page", DESCALED=descaled,
+            ROW_SCALED_Q=descaled and q.dtype == torch.bfloat16,
             num_warps=self.config.num_warps, num_stages=self.config.num_stages)
         self.out_strides = out_strides
         self.head_dim_pad = head_dim_pad
