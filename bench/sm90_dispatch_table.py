@@ -95,6 +95,21 @@ def public_path_drops(entries: list[dict], public: Path, baseline: Path,
     return kept, dropped
 
 
+def merged_entries(entries: list[dict], measured: dict, current: dict) -> list[dict]:
+    """``entries`` plus the current table's entries for buckets this run did not measure
+    (a bucket it measured and left to the Triton kernel stays out), each marked with the
+    run it came from; sorted by (head dim, causal, bucket)."""
+    def bucket(row):
+        return row["head_dim"], row["causal"], row["bucket"]
+
+    measured_buckets = {bucket(row) for row in measured["winners"]}
+    source = current.get("source", {})
+    kept = [{**entry, "measured_in": entry.get("measured_in") or
+             {key: source.get(key) for key in ("git_commit", "timestamp", "triton")}}
+            for entry in current.get("entries", []) if bucket(entry) not in measured_buckets]
+    return sorted(entries + kept, key=bucket)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("winners", type=Path, help="sm90_winners.json from bench/sm90_h200.py")
@@ -102,6 +117,9 @@ def main() -> None:
     parser.add_argument("--public", type=Path,
                         help="public-path records measured with the kernel-time table")
     parser.add_argument("--baseline", type=Path, help="public-path records before it")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the current table's buckets that this run did not measure "
+                             "(each keeps the commit and date of the run that measured it)")
     parser.add_argument("--min-gain", type=float, default=1.02,
                         help="the least Gluon/Triton ratio a bucket needs (default 1.02)")
     args = parser.parse_args()
@@ -111,6 +129,8 @@ def main() -> None:
     (entries, near), dropped = dispatch_entries(measured["winners"], args.min_gain), []
     if args.public is not None:
         entries, dropped = public_path_drops(entries, args.public, args.baseline, length_bucket)
+    if args.merge:
+        entries = merged_entries(entries, measured, json.loads(args.out.read_text()))
     table = {"source": measured["env"], "min_gain": args.min_gain, "entries": entries}
     if dropped:
         table["dropped"] = dropped

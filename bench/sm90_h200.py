@@ -44,6 +44,8 @@ bench = Bench("sm90_h200", __doc__)
 bench.option("--quick", action="store_true", help="N=4k only, two configs per d")
 bench.option("--head-dims", default="128,64,256",
              help="head dims the sweep times (256 = the GQA layer)")
+bench.option("--gqa-seqlens", default="1024,4096,16384",
+             help="sequence lengths of the d=256 GQA layer (24 q / 4 kv heads, causal)")
 bench.option("--schedules", default=",".join(sm90.SCHEDULES))
 bench.option("--rescales", default="late", help=f"of {sm90.RESCALES}")
 bench.option("--stores", default="direct", help=f"of {sm90.STORES}")
@@ -213,13 +215,23 @@ def variants_of(args) -> dict:
     return variants
 
 
+def parse_lengths(text: str) -> tuple[int, ...]:
+    try:
+        lengths = tuple(int(n) for n in text.split(",") if n)
+    except ValueError:
+        lengths = ()
+    if not lengths or min(lengths) < 1:
+        raise SystemExit(f"--gqa-seqlens must be comma-separated positive lengths, got {text!r}")
+    return lengths
+
+
 def sweep_plan(args) -> list[tuple]:
     """(d, query heads, kv heads, causal, N) per shape; every config of each is built too."""
     head_dims = [int(d) for d in args.head_dims.split(",") if d]
     lengths = {128: (1024, 2048, 4096, 8192, 16384), 64: (1024, 4096, 16384)}
     plan = [(d, 16, 16, causal, n) for d in (128, 64) for causal in (False, True)
             for n in lengths[d]]
-    plan += [(256, 24, 4, True, n) for n in (1024, 4096, 16384)]  # the GQA layer
+    plan += [(256, 24, 4, True, n) for n in parse_lengths(args.gqa_seqlens)]  # the GQA layer
     plan = [p for p in plan if p[0] in head_dims]
     for d in {p[0] for p in plan}:
         sweep_configs(d, args.quick, **variants_of(args))

@@ -326,3 +326,32 @@ def test_dispatch_table_script_leaves_publicly_slower_buckets_to_triton(tmp_path
                                              "rescale": "late", "store": "direct"}
     assert [(e["bucket"], e["public_tflops"], e["baseline_public_tflops"])
             for e in table["dropped"]] == [(1024, 170.0, 297.0)]
+
+
+def test_dispatch_table_merge_keeps_the_buckets_a_run_did_not_measure(tmp_path):
+    """--merge: a sweep of some buckets replaces those (a measured Triton win removes one)
+    and keeps the rest of the table, each kept entry naming the run that measured it."""
+    script = Path(__file__).parents[1] / "bench" / "sm90_dispatch_table.py"
+    config = {"block_n": 64, "stages": 2, "producer_regs": 24, "schedule": "split",
+              "persistent": True, "rescale": "late", "store": "direct"}
+    current = {"source": {"git_commit": "old1234", "timestamp": "2026-12-01", "triton": "3.6.0"},
+               "entries": [{"head_dim": 256, "causal": True, "bucket": b, "config": config,
+                            "sm90_vs_triton": 1.3, "measured_heads": [24, 4]}
+                           for b in (1024, 4096, 16384)]}
+    out = tmp_path / "table.json"
+    out.write_text(json.dumps(current))
+    winner = {"winner": "sm90", "sm90_config": "sm90[n64,s2,r24,split,persistent]",
+              "head_dim": 256, "causal": True, "heads": [24, 4], "sm90_vs_triton": 1.25}
+    winners = {"env": {"gpu": "test", "git_commit": "new5678"}, "winners": [
+        {**winner, "bucket": 2048}, {**winner, "bucket": 4096, "winner": "triton"}]}
+    (tmp_path / "winners.json").write_text(json.dumps(winners))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "winners.json"),
+                           "--merge", "--out", str(out)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    table = json.loads(out.read_text())
+    assert [e["bucket"] for e in table["entries"]] == [1024, 2048, 16384]
+    by_bucket = {e["bucket"]: e for e in table["entries"]}
+    assert "measured_in" not in by_bucket[2048] and by_bucket[2048]["sm90_vs_triton"] == 1.25
+    assert by_bucket[1024]["measured_in"]["git_commit"] == "old1234"
+    assert table["source"]["git_commit"] == "new5678"
