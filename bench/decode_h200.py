@@ -375,6 +375,48 @@ def tuning(ctx) -> None:
     ctx.upsert("decode_tuning.jsonl", out)
 
 
+# ----- 4b. split counts of short batch-1 caches --------------------------------------------------
+SHORT_SPLIT_POINTS = ((4096, 32, 8, 128), (8192, 32, 8, 128), (16384, 32, 8, 128),
+                      (4096, 24, 4, 256), (8192, 24, 4, 256))
+
+
+@bench.phase("short_splits", default=False, cap_s=60.0)
+def short_splits(ctx) -> None:
+    """Batch 1 with 4k-16k keys (issue #32: B1 x 4k >= cuDNN): every split count against
+    the one the rule picks and cuDNN, graph-timed (decode_short_splits.jsonl)."""
+    env, sms, out = ctx.env, ctx.results["sms"], []
+    for seqlen_k, heads, kv_heads, dim in ctx.within_budget(SHORT_SPLIT_POINTS):
+        shape = AttentionShape(batch=1, query_heads=heads, kv_heads=kv_heads, seqlen_q=1,
+                               seqlen_k=seqlen_k, head_dim=dim, dtype="bf16", causal=True)
+        q = bf16(1, 1, heads, dim, seed=1)
+        k, v = bf16(1, seqlen_k, kv_heads, dim, seed=2), bf16(1, seqlen_k, kv_heads, dim, seed=3)
+        chosen = launch_plan(batch=1, kv_heads=kv_heads, query_heads=heads, seqlen_q=1,
+                             seqlen_k=seqlen_k, head_dim=dim, sm_count=sms)["num_splits"]
+        tiles = -(-seqlen_k // decode_config(dim).block_n)
+        row = []
+        for splits in sorted({1, 2, 4, 6, 8, 11, 16, 22, 32, chosen} & set(range(1, tiles + 1))):
+            name = f"attnlab_decode[splits={splits}{',chosen' if splits == chosen else ''}]"
+            def fn(q, k, v, splits=splits):
+                return flash_decode(q, k, v, scale=shape.softmax_scale, causal=True,
+                                    num_splits=splits)
+            record = measure(name, fn, (q, k, v), shape, env, kernel_names=KERNEL_NAMES)
+            out.append(record)
+            row.append(f"{splits}:{record['p50'] * 1e3:.1f}")
+        try:
+            prepared = prepare(PROVIDERS["sdpa_cudnn"], shape, "decode", "cuda")
+            inputs = make_inputs(shape, prepared.provider.input_layout, "cuda")
+            record = measure("sdpa_cudnn", prepared.unpinned_call, inputs, shape, env,
+                             context=prepared.pin)
+            out.append(record)
+            row.append(f"cudnn:{record['p50'] * 1e3:.1f}")
+        except ProviderUnavailable as error:
+            out.append(skipped("sdpa_cudnn", shape, str(error), env))
+        log(f"  {shape.describe()} (rule: {chosen}) us by splits: {' '.join(row)}")
+        del q, k, v
+        torch.cuda.empty_cache()
+    ctx.upsert("decode_short_splits.jsonl", out)
+
+
 # ----- 5. paged loads: the per-key form against the per-page candidate ----------------------
 PAGED_SWEEP_POINTS = ((1, 32768, 32, 8, 128), (16, 32768, 32, 8, 128), (1, 131072, 32, 8, 128),
                       (1, 32768, 24, 4, 256))

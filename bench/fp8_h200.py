@@ -292,12 +292,13 @@ def prefill(ctx) -> list[dict]:
 
 
 # ----- 4. tuning -------------------------------------------------------------------------------
-DECODE_TUNE = {  # head dim -> candidates (block_n, warps, stages, ctas_per_sm)
-    128: (DecodeConfig(128, 4, 3, 1), DecodeConfig(128, 4, 4, 1), DecodeConfig(128, 4, 5, 1),
-          DecodeConfig(128, 4, 3, 2), DecodeConfig(64, 4, 4, 2), DecodeConfig(64, 4, 6, 2),
-          DecodeConfig(128, 8, 3, 1)),
-    256: (DecodeConfig(64, 4, 3, 2), DecodeConfig(64, 4, 4, 1), DecodeConfig(64, 4, 3, 1),
-          DecodeConfig(32, 4, 4, 2), DecodeConfig(64, 8, 3, 1)),
+DECODE_TUNE = {  # head dim -> candidates (block_n, warps, stages, ctas_per_sm); resident
+    # programs per SM from registers and shared memory (compiled here for sm_90a, s10):
+    # (128, 4) 255 regs -> 2, (64, 8) 106 -> 2 of 8 warps, (32, 4) 128 -> 4, (32, 8) 95 -> 2
+    128: (DecodeConfig(128, 4, 3, 2), DecodeConfig(64, 8, 3, 2), DecodeConfig(64, 8, 4, 2),
+          DecodeConfig(32, 4, 4, 4), DecodeConfig(32, 8, 4, 2), DecodeConfig(128, 4, 3, 1)),
+    256: (DecodeConfig(64, 4, 3, 2), DecodeConfig(32, 4, 4, 2), DecodeConfig(32, 8, 4, 1),
+          DecodeConfig(64, 4, 4, 2)),
 }
 PREFILL_TUNE = (ForwardConfig(128, 128, 8, 3), ForwardConfig(128, 64, 8, 3),
                 ForwardConfig(128, 128, 8, 4), ForwardConfig(128, 128, 8, 2))

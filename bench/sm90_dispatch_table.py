@@ -129,6 +129,8 @@ def main() -> None:
     (entries, near), dropped = dispatch_entries(measured["winners"], args.min_gain), []
     if args.public is not None:
         entries, dropped = public_path_drops(entries, args.public, args.baseline, length_bucket)
+    # Each entry names the Triton it was measured on (kernels/_sm90.select_entries).
+    entries = [{**entry, "triton": measured["env"].get("triton")} for entry in entries]
     if args.merge:
         entries = merged_entries(entries, measured, json.loads(args.out.read_text()))
     table = {"source": measured["env"], "min_gain": args.min_gain, "entries": entries}

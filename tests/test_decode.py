@@ -503,7 +503,7 @@ for page, d, block_n, batch_idx, per_page, fp8 in (
         HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=16, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_SEQLENS=True, HAS_BATCH_IDX=batch_idx, HAS_LEFTPAD=batch_idx, HAS_LEFT=False,
         HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
-        PER_PAGE=per_page, DESCALED=fp8), 4, 3, FP8_CACHE if fp8 else ()))
+        PER_PAGE=per_page, DESCALED=fp8, ROW_SCALED_Q=fp8), 4, 3, FP8_CACHE if fp8 else ()))
 built.append(build(_combine_partials, dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_S=16), 2, 1))
 for page, half, batch_idx, fp8 in ((0, 32, False, False), (16, 64, False, False),
                                    (0, 0, True, False), (16, 64, False, True)):

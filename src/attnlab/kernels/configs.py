@@ -298,11 +298,15 @@ _DECODE_BASE: dict[int, DecodeConfig] = {
 }
 
 
-# An fp8 (e4m3) cache: a tile of block_n keys is half the bytes, so head dims 256 take
-# twice the keys per step (the bf16 tile's bytes); d = 128 keeps bf16's tuned tiling (half
-# its shared memory).  Not tuned on the H200 yet: bench/fp8_h200.py --phases tune times
-# the alternatives.
-_DECODE_FP8: dict[int, DecodeConfig] = {**_DECODE_BASE, 256: DecodeConfig(64, 4, 3, 2)}
+# An fp8 (e4m3) cache (fp16 MMAs over converted tiles, kernels/decode.py): the kernel is
+# bound by its instruction latency more than by bytes, so it wants two resident programs
+# per SM (ctas_per_sm = 2 doubles the splits that fill them).  Tuned on the H200 (s10 run
+# 1, bench/fp8_h200.py --phases tune, graph replay, bench/results/fp8_tuning.jsonl):
+# d = 128, 128-key steps with two programs per SM: 309.6 us at 16 x 32k against 398.1
+# with one (the bf16 tiling), 41.6 vs 44.9 at 1 x 32k; d = 256, 64-key steps with two:
+# 303.3 vs 395.5 at 16 x 32k (1 x 32k: 43.0-44.6 for every candidate).
+_DECODE_FP8: dict[int, DecodeConfig] = {**_DECODE_BASE, 128: DecodeConfig(128, 4, 3, 2),
+                                        256: DecodeConfig(64, 4, 3, 2)}
 
 
 def decode_config(head_dim: int, *, interpreted: bool = False,
