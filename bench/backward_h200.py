@@ -710,7 +710,8 @@ def phase_ncu(ctx) -> None:
     work = Path(tempfile.mkdtemp(prefix="attnlab-ncu-bwd-"))
     cases = [("attnlab", "fwdbwd", shape) for shape in ctx.plan]
     try:
-        run = ncu.run_ncu(cases, work, ncu=binary, metrics=ncu.CORE_METRICS,
+        metrics = tuple(ncu.METRICS) if ctx.args.ncu_metrics == "full" else ncu.CORE_METRICS
+        run = ncu.run_ncu(cases, work, ncu=binary, metrics=metrics,
                           timeout_s=max(10.0, ctx.deadline - time.monotonic() - 5))
     except Exception as error:  # noqa: BLE001 - say why; the log tail says more
         print(f"  ncu failed: {error}", flush=True)
@@ -754,11 +755,32 @@ def phase_ncu(ctx) -> None:
                    "plan": {k: v for k, v in plan.items() if k not in ("dq", "dkdv")},
                    "notes": list(model.notes), **ctx.env}
             ctx.append_row("backward_ncu_vs_model.jsonl", row)
+            if kernel is not None and ctx.args.ncu_metrics == "full":
+                print(f"  {role}: {warp_state(kernel)}", flush=True)
             print(f"  {shape.describe()[:60]:60s} {role:14s} measured "
                   f"{'-' if got is None else f'{got / 1e6:8.1f}'} MB, cache model "
                   f"{model.total_bytes / 1e6:8.1f} MB "
                   f"({'-' if error is None else f'{error:+.1%}'}), logical {logical / 1e6:8.1f}",
                   flush=True)
+
+
+def warp_state(kernel) -> str:
+    """One line of where a kernel's time goes (ncu's full metric set): speed of light,
+    occupancy, cycles per issue and its three largest stall reasons."""
+    from attnlab.measure import ncu
+
+    def value(metric):
+        got = kernel.value(metric)
+        return float("nan") if got is None else got
+
+    stalls = sorted(((value(ncu.stall_metric(r)), r) for r in ncu.STALL_REASONS
+                     if r not in ("selected", "not_selected")), reverse=True)[:3]
+    return (f"SOL compute {value('sm__throughput.avg.pct_of_peak_sustained_elapsed'):.0f}% "
+            f"memory {value('gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed'):.0f}%, "
+            f"occupancy {value('sm__warps_active.avg.pct_of_peak_sustained_active'):.0f}%, "
+            f"{value('smsp__average_warp_latency_per_inst_issued.ratio'):.1f} cycles/issue, "
+            f"registers {value('launch__registers_per_thread'):.0f}; stalls "
+            + ", ".join(f"{r} {v:.2f}" for v, r in stalls))
 
 
 def parse_ints(text: str, option: str, allowed=None) -> list[int]:
@@ -788,6 +810,9 @@ bench.option("--shapes", default="", help="bench and profile only shapes whose d
                                           "contains one of these comma-separated parts, e.g. "
                                           "'Nq=1024,d=64'")
 bench.option("--profile", action="store_true", help="list each call's kernels")
+bench.option("--ncu-metrics", choices=("core", "full"), default="core",
+             help="ncu phase: the DRAM bytes the model comparison needs (core), or also the "
+                  "speed of light, occupancy and warp stalls per kernel (full)")
 # The order they run in: the ones only run when asked first, the tuning before the table.
 bench.phase("edge", default=False)(phase_edge)
 bench.phase("profile", default=False, plan=profile_plan)(phase_profile)

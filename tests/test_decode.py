@@ -19,7 +19,12 @@ from attention_inputs import paged_copy
 from attnlab.accuracy import check_accuracy
 from attnlab.kernels.configs import decode_config
 from attnlab.kernels.decode import flash_decode, launch_plan
-from attnlab.kernels.dispatch import MAX_SPLITS, choose_num_splits, wave_efficiency
+from attnlab.kernels.dispatch import (
+    MAX_SPLITS,
+    MIN_KEYS_PER_SPLIT,
+    choose_num_splits,
+    wave_efficiency,
+)
 from attnlab.kernels.forward import kernel_is_interpreted
 from attnlab.reference import merge_states as reference_merge_states
 from attnlab.reference import split_kv
@@ -56,9 +61,14 @@ def test_wave_arithmetic_examples_in_the_docstring():
     assert choose_num_splits(batch=1, kv_heads=8, row_blocks=1, kv_tiles=256, **h200) == 14
     assert choose_num_splits(batch=16, kv_heads=8, row_blocks=1, kv_tiles=256, **h200) == 1
     assert choose_num_splits(batch=64, kv_heads=8, row_blocks=1, kv_tiles=1024, **h200) == 1
-    two_per_sm = dict(sm_count=132, ctas_per_sm=2)  # 64-key steps: twice the splits
+    two_per_sm = dict(sm_count=132, ctas_per_sm=2, block_n=64)  # twice the splits
     assert choose_num_splits(batch=1, kv_heads=8, row_blocks=1, kv_tiles=512, **two_per_sm) == 29
     assert choose_num_splits(batch=16, kv_heads=8, row_blocks=1, kv_tiles=512, **two_per_sm) == 2
+    # Short caches: no split under MIN_KEYS_PER_SPLIT keys.  d = 256's 32-key tiles at 1 x
+    # 4k / 8k (4 KV heads) measured best at 16-32 splits; 64 (of 64 keys) was slower.
+    d256 = dict(sm_count=132, ctas_per_sm=2, block_n=32)
+    assert choose_num_splits(batch=1, kv_heads=4, row_blocks=1, kv_tiles=128, **d256) == 15
+    assert choose_num_splits(batch=1, kv_heads=4, row_blocks=1, kv_tiles=256, **d256) == 29
     assert wave_efficiency(224, 264) == pytest.approx(224 / 264)
     assert wave_efficiency(300, 264) == pytest.approx(300 / 528)
 
@@ -67,9 +77,9 @@ def test_wave_arithmetic_examples_in_the_docstring():
 @pytest.mark.parametrize("kv_tiles", [1, 2, 3, 63, 2048])
 def test_split_count_is_bounded_and_never_leaves_empty_splits(batch, kv_tiles):
     splits = choose_num_splits(batch=batch, kv_heads=8, row_blocks=1, kv_tiles=kv_tiles,
-                               sm_count=132, ctas_per_sm=2)
+                               sm_count=132, ctas_per_sm=2, block_n=64)
     assert 1 <= splits <= MAX_SPLITS
-    assert splits == 1 or kv_tiles // splits >= 2
+    assert splits == 1 or kv_tiles * 64 // splits >= MIN_KEYS_PER_SPLIT
     per_split = -(-kv_tiles // splits)
     assert (splits - 1) * per_split < kv_tiles  # the last split has a tile
 

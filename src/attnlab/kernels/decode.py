@@ -507,7 +507,7 @@ class _DecodePlan:
         return dispatch.choose_num_splits(
             batch=self.batch, kv_heads=self.num_kv_heads, row_blocks=self.row_blocks,
             kv_tiles=max(1, -(-max_seqlen_k // self.config.block_n)), sm_count=self.sms,
-            ctas_per_sm=self.config.ctas_per_sm)
+            ctas_per_sm=self.config.ctas_per_sm, block_n=self.config.block_n)
 
     def _launches(self, num_splits: int) -> tuple:
         """(split launch, combine launch or None) for ``num_splits``."""
@@ -570,7 +570,7 @@ def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, s
     if num_splits == 0:
         num_splits = dispatch.choose_num_splits(
             batch=batch, kv_heads=kv_heads, row_blocks=row_blocks, kv_tiles=kv_tiles,
-            sm_count=sm_count, ctas_per_sm=config.ctas_per_sm)
+            sm_count=sm_count, ctas_per_sm=config.ctas_per_sm, block_n=config.block_n)
     programs = batch * kv_heads * row_blocks * num_splits
     return {"num_splits": num_splits, "programs": programs, "block_m": block_m,
             "block_n": config.block_n, "row_blocks": row_blocks, "sm_count": sm_count,

@@ -160,9 +160,13 @@ def dkdv_config(q, k, v, dout, *, layout: str, causal: bool, window, softcap: fl
 # ---------------------------------------------------------------------------
 
 MAX_SPLITS = 128
-# A split shorter than this many key tiles costs more in partial traffic and launch
-# tail than its parallelism returns (FlashInfer's floor is a 128-token chunk).
-MIN_TILES_PER_SPLIT = 2
+# A split shorter than this many keys costs more in per-program start-up, partial
+# traffic and combine than its parallelism returns (FlashInfer's floor is a 128-token
+# chunk).  Measured on the H200 at batch 1 (s10 run 2, decode_h200 --phases short_splits,
+# bench/results/decode_short_splits.jsonl): d = 256's 32-key tiles at 4k / 8k keys ran
+# 22.0 / 27.5 us with 64 splits of 64 keys and 18.9-19.2 / 24.7 with 16-32 splits
+# (128-256 keys); d = 128's 128-key tiles are best at 256-512 keys a split.
+MIN_KEYS_PER_SPLIT = 256
 WAVE_EFFICIENCY_FRACTION = 0.85
 # Nominal SM count where no GPU is visible (the CPU interpreter): the H200's.
 NOMINAL_SM_COUNT = 132
@@ -175,7 +179,7 @@ def wave_efficiency(blocks: int, slots: int) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def choose_num_splits(*, batch: int, kv_heads: int, row_blocks: int, kv_tiles: int,
-                      sm_count: int, ctas_per_sm: int) -> int:
+                      sm_count: int, ctas_per_sm: int, block_n: int = 128) -> int:
     """Split count for one launch: enough programs to fill the GPU's program slots.
 
     ``kv_tiles`` is the longest sequence's key tiles (an upper bound is fine: every
@@ -183,8 +187,8 @@ def choose_num_splits(*, batch: int, kv_heads: int, row_blocks: int, kv_tiles: i
     row_blocks`` unsplit programs and ``slots = sm_count x ctas_per_sm`` programs the
     GPU holds at once (1 per SM at d = 128: 192 KiB of K/V stages each):
 
-    1. a split is worth it only if every split keeps >= MIN_TILES_PER_SPLIT tiles, so
-       candidates run 1 .. min(128, kv_tiles // 2), and only counts the reference's
+    1. a split is worth it only if every split keeps >= MIN_KEYS_PER_SPLIT keys (tiles of
+       ``block_n``), so candidates run 1 .. min(128, kv_tiles // min_tiles), and only counts the reference's
        ceil rule really uses (``ceil(tiles / ceil(tiles / s))``: no empty splits);
     2. wave efficiency ``e(s) = base*s / (slots * ceil(base*s / slots))``; take the
        smallest ``s`` with ``e(s) >= 0.85 * max e`` (fewer splits: less partial traffic).
@@ -209,7 +213,8 @@ def choose_num_splits(*, batch: int, kv_heads: int, row_blocks: int, kv_tiles: i
     """
     base = batch * kv_heads * row_blocks
     slots = sm_count * ctas_per_sm
-    most = max(1, min(MAX_SPLITS, kv_tiles // MIN_TILES_PER_SPLIT))
+    min_tiles = max(1, -(-MIN_KEYS_PER_SPLIT // block_n))
+    most = max(1, min(MAX_SPLITS, kv_tiles // min_tiles))
     if base >= slots or most == 1:
         return 1
     candidates = sorted({math.ceil(kv_tiles / math.ceil(kv_tiles / s)) for s in range(1, most + 1)})
