@@ -725,7 +725,7 @@ def phase_ncu(ctx) -> None:
         print(f"  case failed: {label}: {reason[:200]}", flush=True)
     for note in run.notes:
         print(f"  note: {note}", flush=True)
-    by_case = ncu.group_by_case(run.kernels)
+    by_case = ncu.group_by_case(ncu.join_preceding_case(run.kernels))
     for shape in ctx.plan:
         plan = attnlab_backward_plan(shape)
         forward_logical = fused_forward_traffic(shape, write_lse=True, scope="layer")

@@ -422,6 +422,20 @@ def parse_case_label(label: str) -> tuple[str, str, AttentionShape]:
     return provider, phase, shape
 
 
+def join_preceding_case(kernels: list[NcuKernel]) -> list[NcuKernel]:
+    """Kernels outside any range take the case of the ranged kernel launched before them
+    (by ncu's kernel ID): autograd runs a backward on its own device thread, outside the
+    NVTX range the forward's thread pushed, so a fwd+bwd case's backward kernels come
+    back unnamed.  Kernels before the first ranged one stay outside every case."""
+    case = None
+    for kernel in sorted(kernels, key=lambda k: k.id):
+        if kernel.case:
+            case = kernel.case
+        elif case is not None:
+            kernel.case = case
+    return kernels
+
+
 def group_by_case(kernels: Iterable[NcuKernel]) -> dict[str, list[NcuKernel]]:
     """Kernels of each case in launch order; kernels outside any case are dropped."""
     cases: dict[str, list[NcuKernel]] = {}
