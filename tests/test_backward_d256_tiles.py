@@ -1,13 +1,17 @@
 """bench/backward_d256_tiles.py without compiling: what a TTGIR's dots are read as, the
-grid's order and skips, and the table and ranking over a small fake JSON lines file."""
+grid's order and skips, and the table and ranking over a small fake JSON lines file; and
+the d = 256 candidates of bench/backward_h200.py against the committed builds."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from attnlab.kernels._aot import mma_dots, mma_instructions
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "backward_d256_tiles.jsonl"
 
 # Lines as Triton 3.6.0 writes them for the d = 256 dK/dV kernel (64 keys, 8 warps) and
 # an mma.sync one (32 keys, 8 warps), shortened.
@@ -131,3 +135,22 @@ def test_the_table_lists_every_tile_marks_shared_memory_and_failures(bench_scrip
     listed = [tuple(map(int, line.split()[:4])) for line in lines[start + 2:start + 10]]
     assert listed == [(128, 16, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (64, 16, 8, 2),
                       (64, 64, 4, 1), (32, 64, 8, 1), (64, 64, 8, 1), (128, 64, 8, 3)]
+
+
+def test_the_h200_candidates_at_d256_built_and_fit_in_shared_memory(bench_script):
+    # Every committed d = 256 candidate is a tile the compile sweep built under both masks
+    # within the H200's shared memory, at the warps and stages it will run with.
+    tiles, h200 = bench_script("backward_d256_tiles"), bench_script("backward_h200")
+    rows = bench_script("ptxas_configs").read_rows(str(RESULTS))
+    dkdv = tiles.tiles(rows, "triton-dkdv")
+    dq = tiles.tiles(rows, "triton-dq")
+    candidates = h200.dkdv_candidates(256)
+    assert 6 <= len(candidates) <= 8 and 4 <= len(h200.dq_candidates(256)) <= 6
+    for candidate in candidates:
+        assert dkdv[candidate]["complete"] and dkdv[candidate]["fits"], candidate
+        # The dQ tile the dK/dV candidates are timed with.
+        first_dq = dq[(*h200.dq_candidates(256)[0], *candidate[2:])]
+        assert first_dq["complete"] and first_dq["fits"], candidate
+    for block_m, block_n in h200.dq_candidates(256):
+        assert any(dq[(block_m, block_n, warps, stages)]["complete"]
+                   for _, _, warps, stages in candidates)
