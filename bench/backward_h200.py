@@ -162,14 +162,28 @@ TUNE_SHAPES = {  # head_dim -> (query_heads, kv_heads): the benchmark's layers a
 def dkdv_candidates(head_dim: int) -> list[tuple[int, int, int, int]]:
     """(dkdv_block_m, dkdv_block_n, num_warps, num_stages)."""
     if head_dim >= 256:
-        return [(32, 64, 8, 1), (64, 64, 8, 1), (32, 64, 4, 2), (64, 32, 4, 2), (16, 64, 4, 2)]
+        # From the compile sweep (bench/backward_d256_tiles.py, Triton 3.6.0, LDL/STL causal /
+        # full): no tile gives the dK/dV kernel wgmma without replication (64 owned keys need
+        # 8 warps for the dK, dV accumulators, and 8 warps over 64 rows compute S^T and dP^T
+        # twice).  64 keys with the fewest spills (123/26, 147/20, 270/97), the spill-free
+        # mma.sync 32-key tiles (32 x 32 also pipelined: 24/0), 64 query rows over 32 keys
+        # (148/0), and the base tiles (750/467) to measure against.
+        return [(16, 64, 8, 2), (16, 64, 8, 3), (32, 64, 8, 3), (32, 32, 8, 1), (16, 32, 8, 1),
+                (64, 32, 8, 1), (32, 32, 8, 3), (64, 64, 8, 1)]
     return [(64, 128, 8, 2), (32, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 2),
             (128, 128, 8, 2)]
 
 
 def dq_candidates(head_dim: int) -> list[tuple[int, int]]:
+    """(dq_block_m, dq_block_n), timed at the dK/dV winner's warps and stages; at d = 256
+    the first is also the dQ tile the dK/dV candidates are timed with."""
     if head_dim >= 256:
-        return [(64, 64), (64, 32), (128, 32), (32, 64)]
+        # The compile sweep at 8 warps: 128 rows get unreplicated wgmma and build spill-free
+        # (128 x 32: at 2-3 stages, 14/4 LDL/STL at 1; 128 x 16 at every stage count, but
+        # 16-key steps re-read Q and dO from shared memory per 16 keys); 64 x 32 replicates
+        # S and dP (0 spills at 2-3 stages); 64 x 64 is the base (needs 256 KiB at 3
+        # stages: over the H200's 227); 32 x 64 mma.sync, spill-free (NOTES B16).
+        return [(128, 32), (128, 16), (64, 32), (64, 64), (32, 64)]
     return [(128, 64), (64, 64), (128, 32), (64, 128), (128, 128)]
 
 
@@ -237,9 +251,15 @@ def phase_tune(ctx) -> dict:
                 row.update(error=f"{type(error).__name__}: {str(error)[:300]}")
             log_line(row)
 
+        # The dK/dV tiles are timed with the base's dQ tiles, except at d = 256: there the
+        # base's 64 x 64 dQ needs 256 KiB of shared memory at 3 stages (the H200 has 227)
+        # and would fail every 3-stage dK/dV candidate (bench/backward_d256_tiles.py), so
+        # the first dQ candidate stands in.
+        dq_block_m, dq_block_n = (dq_candidates(head_dim)[0] if head_dim >= 256
+                                  else (base.dq_block_m, base.dq_block_n))
         for block_m, block_n, warps, stages in ctx.within_budget(dkdv_candidates(head_dim)):
-            try_config(BackwardConfig(block_m, block_n, base.dq_block_m, base.dq_block_n,
-                                      warps, stages), "dkdv")
+            try_config(BackwardConfig(block_m, block_n, dq_block_m, dq_block_n, warps, stages),
+                       "dkdv")
         if not scored:
             continue
         best = min(scored)[1]

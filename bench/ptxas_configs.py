@@ -116,7 +116,8 @@ def build_row(task: tuple) -> dict:
             "config": {"type": type(config).__name__, **asdict(config)}, **options}
 
 
-def _key(row: dict) -> str:
+def build_key(row: dict) -> str:
+    """What makes two JSON lines the same build (a resumed sweep skips it)."""
     return json.dumps({k: v for k, v in row.items() if k in _BUILD_FIELDS or k in (
         "write_lse_log2", "offsets_64")}, sort_keys=True)
 
@@ -125,7 +126,7 @@ _BUILD_FIELDS = ("triton", "kernel", "head_dim", "config", "dtype", "causal", "w
                  "softcap", "varlen")
 
 
-def _read_rows(path: str) -> list[dict]:
+def read_rows(path: str) -> list[dict]:
     try:
         with open(path) as f:
             return [json.loads(line) for line in f if line.strip()]
@@ -133,8 +134,9 @@ def _read_rows(path: str) -> list[dict]:
         return []
 
 
-def build(task: tuple) -> dict:
-    """One kernel build's JSON line."""
+def build(task: tuple, describe=None) -> dict:
+    """One kernel build's JSON line; ``describe(compiled)`` adds fields of its own to a
+    build that succeeded (``bench/backward_d256_tiles.py``: the MMAs and shared memory)."""
     from attnlab.kernels import backward, forward
     from attnlab.kernels._aot import resource_usage
 
@@ -158,6 +160,7 @@ def build(task: tuple) -> dict:
         return {**row, "built": False, "error": f"{type(error).__name__}: {first_line}"[:300],
                 "seconds": round(time.perf_counter() - start, 1)}
     return {**row, "built": True, **(resource_usage(compiled.asm["cubin"]) or {}),
+            **(describe(compiled) if describe else {}),
             "seconds": round(time.perf_counter() - start, 1)}
 
 
@@ -201,9 +204,9 @@ def main() -> int:
         tasks += gluon_tasks(kernels, head_dims)
     # A build already in --out (this Triton's, same options) is not redone: a sweep
     # stopped halfway resumes where it was.
-    rows = [r for r in _read_rows(args.out) if r["triton"] == triton.__version__]
-    done_keys = {_key(r) for r in rows}
-    tasks = [t for t in tasks if _key(build_row(t)) not in done_keys]
+    rows = [r for r in read_rows(args.out) if r["triton"] == triton.__version__]
+    done_keys = {build_key(r) for r in rows}
+    tasks = [t for t in tasks if build_key(build_row(t)) not in done_keys]
     print(f"triton {triton.__version__}: {len(tasks)} builds ({len(rows)} already in "
           f"{args.out})", flush=True)
     with open(args.out, "a") as out, ProcessPoolExecutor(max_workers=args.jobs) as pool:

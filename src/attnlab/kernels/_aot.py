@@ -1,5 +1,5 @@
 """Ahead of time, without a GPU: the Triton kernels compiled for sm_90a as a launch
-specialises them, and what ptxas made of them.
+specialises them, and what Triton and ptxas made of them.
 
 ptxas can crash on tiles a dispatch table chooses (Triton 3.6.0's dies with SIGSEGV on
 the backward's two-stage dQ tiles at head_dim 16/32: bench/NOTES.md, B15), and a tile
@@ -97,3 +97,47 @@ def resource_usage(cubin: bytes) -> dict | None:
         return None
     return {"registers": int(match.group(1)), "stack_bytes": int(match.group(2)),
             "local_memory_ops": len(re.findall(r"\b(?:LDL|STL)\b", sass))}
+
+
+# The layout of a dot's result: Triton's MMA encodings name the instruction family
+# (versionMajor 3 is wgmma, 2 mma.sync) and how the warps tile the result.
+_MMA_ENCODING = re.compile(
+    r"^#(\w+) = #ttg\.nvidia_mma<\{versionMajor = (\d+).*?warpsPerCTA = \[(\d+), (\d+)\]"
+    r".*?instrShape = \[(\d+), (\d+)", re.M)
+# "%dk_198 = ttng.warp_group_dot %a, %b, %c {...} : A * B -> tensor<64x256xf32, #mma>";
+# the SSA name carries the kernel's variable (the compiler's _N suffix dropped).
+_DOT = re.compile(r"%([A-Za-z_]\w*?)(?:_\d+)?(?::\d+)? = (tt\.dot|ttng\.warp_group_dot) (.*) -> "
+                  r"tensor<(\d+)x(\d+)x\w+, #(\w+)>")
+_OPERAND_SHAPE = re.compile(r"(?:tensor|memdesc)<((?:\d+x)+)")
+
+
+def mma_dots(ttgir: str) -> list[dict]:
+    """Each distinct dot of a compiled kernel (``.asm['ttgir']``), in order: the kernel's
+    variable, the instruction (``wgmma``, ``mma.sync`` or ``fma``), its M x N x K, how
+    the warps tile M and N, and ``replication``: how many times a warp layout that
+    covers more than the tile computes each output element (warps laid along M cover
+    16 rows each, so 8 warps over a 64-row wgmma compute every row twice)."""
+    encodings = {name: (int(major), (int(wm), int(wn)), (int(im), int(inn)))
+                 for name, major, wm, wn, im, inn in _MMA_ENCODING.findall(ttgir)}
+    dots: dict[tuple, dict] = {}
+    for name, op, operands, m, n, encoding in _DOT.findall(ttgir):
+        # A's shape is the first operand type: its last extent is K.
+        m, n, k = int(m), int(n), int(_OPERAND_SHAPE.findall(operands)[0].split("x")[-2])
+        if encoding not in encodings:
+            dot = {"dot": name, "mma": "fma", "m": m, "n": n, "k": k, "warps": None,
+                   "replication": 1}
+        else:
+            major, warps, instr = encodings[encoding]
+            covered = (warps[0] * instr[0], warps[1] * instr[1])
+            dot = {"dot": name, "mma": "wgmma" if op == "ttng.warp_group_dot" else "mma.sync",
+                   "m": m, "n": n, "k": k, "warps": list(warps),
+                   "replication": max(1, covered[0] // m) * max(1, covered[1] // n)}
+        dots.setdefault(tuple(sorted((key, str(value)) for key, value in dot.items())), dot)
+    return list(dots.values())
+
+
+def mma_instructions(ptx: str) -> dict[str, int]:
+    """How many wgmma and mma.sync instructions a kernel's PTX issues (per thread's
+    program text, unrolled loops counted once per copy)."""
+    return {"wgmma": len(re.findall(r"\bwgmma\.mma_async\b", ptx)),
+            "mma_sync": len(re.findall(r"\bmma\.sync\b", ptx))}
