@@ -168,8 +168,11 @@ def dkdv_candidates(head_dim: int) -> list[tuple[int, int, int, int]]:
         # twice).  64 keys with the fewest spills (123/26, 147/20, 270/97), the spill-free
         # mma.sync 32-key tiles (32 x 32 also pipelined: 24/0), 64 query rows over 32 keys
         # (148/0), and the base tiles (750/467) to measure against.
-        return [(16, 64, 8, 2), (16, 64, 8, 3), (32, 64, 8, 3), (32, 32, 8, 1), (16, 32, 8, 1),
-                (64, 32, 8, 1), (32, 32, 8, 3), (64, 64, 8, 1)]
+        # First the s10 run 2 winner (64 x 32, 4 warps, 2 stages: 1574 LDL/STL, mma.sync,
+        # no replication) to measure against; at 4 warps nothing is replicated, and
+        # 32 x 32 / 32 x 16 at 3 stages spill 238 / 75.
+        return [(64, 32, 4, 2), (16, 64, 8, 2), (32, 32, 4, 3), (32, 64, 8, 3), (32, 32, 8, 1),
+                (32, 16, 4, 3), (64, 32, 8, 1)]
     return [(64, 128, 8, 2), (32, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 2),
             (128, 128, 8, 2)]
 
@@ -183,8 +186,19 @@ def dq_candidates(head_dim: int) -> list[tuple[int, int]]:
         # 16-key steps re-read Q and dO from shared memory per 16 keys); 64 x 32 replicates
         # S and dP (0 spills at 2-3 stages); 64 x 64 is the base (needs 256 KiB at 3
         # stages: over the H200's 227); 32 x 64 mma.sync, spill-free (NOTES B16).
-        return [(128, 32), (128, 16), (64, 32), (64, 64), (32, 64)]
+        return [(128, 32), (64, 64), (64, 32)]
     return [(128, 64), (64, 64), (128, 32), (64, 128), (128, 128)]
+
+
+def dq_stand_in(head_dim: int, warps: int, base: BackwardConfig) -> tuple[int, int]:
+    """The dQ tile a dK/dV candidate is timed with: the base's, except at d = 256, where
+    the base's 64 x 64 needs 256 KiB of shared memory at 3 stages (the H200 has 227) and
+    would fail every 3-stage candidate: there the compile sweep's (bench/backward_d256_tiles.py)
+    spill-free 128 x 32 at 8 warps, and 64 x 32 at 4 (23-55 LDL/STL, fits at every stage
+    count; 128 rows' fp32 accumulator alone needs 256 registers a thread at 4 warps)."""
+    if head_dim < 256:
+        return base.dq_block_m, base.dq_block_n
+    return (128, 32) if warps == 8 else (64, 32)
 
 
 def time_backward(q, k, v, dout, out, lse, config, causal, dkdv_sm90=None) -> float:
@@ -251,13 +265,8 @@ def phase_tune(ctx) -> dict:
                 row.update(error=f"{type(error).__name__}: {str(error)[:300]}")
             log_line(row)
 
-        # The dK/dV tiles are timed with the base's dQ tiles, except at d = 256: there the
-        # base's 64 x 64 dQ needs 256 KiB of shared memory at 3 stages (the H200 has 227)
-        # and would fail every 3-stage dK/dV candidate (bench/backward_d256_tiles.py), so
-        # the first dQ candidate stands in.
-        dq_block_m, dq_block_n = (dq_candidates(head_dim)[0] if head_dim >= 256
-                                  else (base.dq_block_m, base.dq_block_n))
         for block_m, block_n, warps, stages in ctx.within_budget(dkdv_candidates(head_dim)):
+            dq_block_m, dq_block_n = dq_stand_in(head_dim, warps, base)
             try_config(BackwardConfig(block_m, block_n, dq_block_m, dq_block_n, warps, stages),
                        "dkdv")
         if not scored:

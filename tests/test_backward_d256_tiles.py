@@ -145,12 +145,12 @@ def test_the_h200_candidates_at_d256_built_and_fit_in_shared_memory(bench_script
     dkdv = tiles.tiles(rows, "triton-dkdv")
     dq = tiles.tiles(rows, "triton-dq")
     candidates = h200.dkdv_candidates(256)
-    assert 6 <= len(candidates) <= 8 and 4 <= len(h200.dq_candidates(256)) <= 6
+    assert 6 <= len(candidates) <= 8 and 3 <= len(h200.dq_candidates(256)) <= 6
     for candidate in candidates:
         assert dkdv[candidate]["complete"] and dkdv[candidate]["fits"], candidate
         # The dQ tile the dK/dV candidates are timed with.
-        first_dq = dq[(*h200.dq_candidates(256)[0], *candidate[2:])]
+        first_dq = dq[(*h200.dq_stand_in(256, candidate[2], None), *candidate[2:])]
         assert first_dq["complete"] and first_dq["fits"], candidate
     for block_m, block_n in h200.dq_candidates(256):
-        assert any(dq[(block_m, block_n, warps, stages)]["complete"]
-                   for _, _, warps, stages in candidates)
+        assert any(dq.get((block_m, block_n, warps, stages), {}).get("complete")
+                   for _, _, warps, stages in candidates), (block_m, block_n)
