@@ -195,15 +195,18 @@ _BACKWARD_BASE: dict[tuple[int, bool], BackwardConfig] = {
 # (bench/results/runs/2026-12-01-s2-run2/backward_tuning.jsonl) the same for d = 64
 # without a mask (375 against the base tiles' 258); session 10's run 2
 # (bench/results/runs/2026-12-02-s10-run2/bwd/backward_tuning.jsonl, the GQA layer 24q/4kv
-# at 4k) half the owned keys with 4 warps and 2 stages at d = 256: 161 TFLOP/s causal
-# against the base tiles' 143, 188 unmasked against 127.  Other buckets take the nearest one.
+# at 4k) half the owned keys with 4 warps and 2 stages at d = 256 (161 TFLOP/s causal
+# against the base tiles' 143, 188 unmasked against 127), and its run 4 (the compile
+# sweep's candidates, bench/backward_d256_tiles.py) 32-row query tiles over 64 keys with
+# 8 warps and 3 stages, dQ 128 x 32 (spill-free wgmma): 193 causal, 224 unmasked.
+# Other buckets take the nearest one.
 BACKWARD_TUNED: dict[tuple[int, bool, int], BackwardConfig] = {
     (64, False, 4096): BackwardConfig(32, 128, 128, 64, 4, 3),
     (64, True, 4096): BackwardConfig(32, 128, 64, 64, 4, 3),
     (128, False, 4096): BackwardConfig(64, 128, 128, 64, 8, 3),
     (128, True, 4096): BackwardConfig(64, 128, 128, 64, 8, 3),
-    (256, False, 4096): BackwardConfig(64, 32, 64, 64, 4, 2),
-    (256, True, 4096): BackwardConfig(64, 32, 64, 64, 4, 2),
+    (256, False, 4096): BackwardConfig(32, 64, 128, 32, 8, 3),
+    (256, True, 4096): BackwardConfig(32, 64, 128, 32, 8, 3),
 }
 
 
