@@ -1,7 +1,7 @@
 """The backward kernels' tiles at head_dim 256 as ptxas builds them for sm_90a, without a GPU.
 
     PYTHONPATH=/work/tritons/t3.6.0:src python3 bench/backward_d256_tiles.py
-        [--out bench/results/backward_d256_tiles.jsonl] [--budget-min 40] [--table-only]
+        [--out bench/results/ptxas/backward_d256_tiles.jsonl] [--budget-min 40] [--table-only]
 
 The seed's GQA d = 256 layer runs untuned tiles (64, 64, 64, 64, 8 warps, 1 stage) and
 both backward kernels spill there (bench/NOTES.md, B16).  This compiles the dK/dV kernel
@@ -58,7 +58,7 @@ MASKS = (True, False)  # causal first: its band-edge code spills more
 # what Triton's launch checks a kernel's shared memory against on the H200.
 REGISTERS = 255
 SHARED_LIMIT = 232448
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "backward_d256_tiles.jsonl"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "ptxas" / "backward_d256_tiles.jsonl"
 
 
 def owned_rows(kernel: str, block_m: int, block_n: int) -> int:

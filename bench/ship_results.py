@@ -22,11 +22,14 @@ SHIPPED = [
     ("seed_decode_b1.jsonl", RECORDS_PAGE),
     ("seed_decode_b16.jsonl", RECORDS_PAGE),
     ("seed_fwdbwd.jsonl", RECORDS_PAGE),
+    # The fp8 cache's decode beside the bf16 cache's (issue #31), for the page's FP8 table.
+    ("fp8_decode.jsonl", COPY),
     ("kernels.json", COPY),
     ("ncu/ncu_kernels.csv", NCU_PAGE_METRICS),
     ("ncu/decode/ncu_kernels.csv", NCU_PAGE_METRICS),
     ("ncu/prefill_sm90/causal/ncu_kernels.csv", NCU_PAGE_METRICS),
     ("ncu/prefill_sm90/nc/ncu_kernels.csv", NCU_PAGE_METRICS),
+    ("ncu/backward/ncu_kernels.csv", NCU_PAGE_METRICS),
 ]
 
 if __name__ == "__main__":

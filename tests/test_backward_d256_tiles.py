@@ -11,7 +11,7 @@ import pytest
 
 from attnlab.kernels._aot import mma_dots, mma_instructions
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "backward_d256_tiles.jsonl"
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "ptxas" / "backward_d256_tiles.jsonl"
 
 # Lines as Triton 3.6.0 writes them for the d = 256 dK/dV kernel (64 keys, 8 warps) and
 # an mma.sync one (32 keys, 8 warps), shortened.

@@ -535,3 +535,36 @@ def test_section_list_has_separators(data):
     nav = re.search(r"<nav.*?</nav>", html, re.S).group(0)
     numbers = re.findall(r'<span class="nav-number">(\d+)\.</span>', nav)
     assert numbers == ["1", "2", "3", "4", "5", "6"]
+
+
+def test_the_fp8_table_sets_each_caches_modelled_bytes_beside_its_measured_time(tmp_path):
+    # bench/fp8_h200.py's pair: the same decode on a bf16 cache and on its e4m3 copy.  The
+    # page gives them a table (bytes from the byte model, both times), not decode series.
+    records = [_record("attnlab_decode_bf16", "decode", n, 0.04 * n / 32768, batch=b)
+               for n in (32768, 131072) for b in (1, 16)]
+    records += [_record("attnlab_decode_fp8", "decode", n, 0.025 * n / 32768, batch=b)
+                for n in (32768, 131072) for b in (1, 16)]
+    records.append(_record("attnlab_decode_fp8", "decode", 8192, 0.01))  # no bf16 partner
+    records.append(_record("attnlab", "decode", 4096, 0.01))
+    _write_records(tmp_path / "results", records)
+    section = measured_section(tmp_path / "results")
+    fp8 = section["fp8"]
+    assert [row["cells"][1] for row in fp8["rows"]] == ["1 × 32k", "1 × 128k", "16 × 32k",
+                                                          "16 × 128k"]
+    first = fp8["rows"][0]["cells"]
+    shape = AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=1, seqlen_k=32768,
+                           head_dim=256, dtype="bf16", causal=True)
+    from attnlab.model.cache import decode_kv_bytes
+    assert first[2] == format_bytes(decode_kv_bytes(shape))
+    assert first[3] == format_bytes(decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="kv-head"))
+    assert first[7] == "1.60×" and "1.60×–1.60×" in fp8["headline"]
+    # Neither provider of the pair is a series of the decode charts.
+    series = {s["provider"] for block in section["phases"] for chart in block["charts"]
+              for s in chart["series"]}
+    assert series == {"attnlab"}
+    assert not {p["name"] for p in section["providers"]} & {"attnlab_decode_bf16",
+                                                            "attnlab_decode_fp8"}
+    page = render_page(build_page_data(tmp_path / "results"))
+    assert 'id="fp8-table"' in page and "16 × 128k" in page
+    empty = measured_section(tmp_path / "missing")["fp8"]
+    assert not empty["rows"] and empty["empty_message"]

@@ -10,6 +10,7 @@ never measures and never fills a gap: no records means the section says so.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -35,6 +36,10 @@ HEADLINE_PEERS = ("eager", "sdpa_cudnn", "sdpa_flash")
 HEADLINE_LENGTH = 4096
 # Within this of measured, the cache-aware model counts as right (attnlab.measure.compare).
 BYTES_GOAL = 0.15
+# One decode call on a bf16 cache and on its e4m3 copy (bench/fp8_h200.py): a table of
+# their bytes and times of its own, not series of the decode charts (whose providers
+# all read one cache).
+FP8_PAIR = ("attnlab_decode_bf16", "attnlab_decode_fp8")
 
 
 def measured_section(results_dir: Path | str | None,
@@ -63,6 +68,9 @@ def measured_section(results_dir: Path | str | None,
     cases, ncu_notes = ncu if ncu is not None else ncu_cases(folder)
     providers += sorted({c["provider"] for c in cases} - set(providers), key=plots.provider_rank)
     colours = plots.provider_colours(providers)
+    fp8 = fp8_cache_section(records)
+    records = [r for r in records if r.get("provider") not in FP8_PAIR]
+    providers = [p for p in providers if p not in FP8_PAIR]
     phases = [phase_block(records, phase, colours) for phase in _phases(records)]
     bytes_chart = bytes_section(cases, ncu_notes, colours, folder)
     gpus = sorted({str(r.get("gpu")) for r in records})
@@ -81,6 +89,7 @@ def measured_section(results_dir: Path | str | None,
                        "ours": plots.is_ours(p)} for p in providers],
         "default_visible": plots.DEFAULT_VISIBLE,
         "phases": phases,
+        "fp8": fp8,
         "bytes": bytes_chart,
     }
 
@@ -91,8 +100,58 @@ def _empty(source: str, message: str) -> dict:
         "source": source, "record_count": 0, "summary": message, "has_latency": False,
         "empty_message": text, "providers": [], "default_visible": plots.DEFAULT_VISIBLE,
         "phases": [],
+        "fp8": fp8_cache_section([]),
         "bytes": {"points": [], "table": [], "headers": [], "caption": "", "headline": "",
                   "empty_message": text},
+    }
+
+
+def fp8_cache_section(records: list[dict]) -> dict:
+    """The fp8 KV cache against bf16, per measured decode shape: the bytes the byte model
+    says each reads (:func:`attnlab.model.cache.decode_kv_bytes`: an e4m3 element is one
+    byte, plus the (batch, kv_head) descales) beside the measured time of each, from
+    records of both providers at one shape (the newest of each)."""
+    from attnlab.model import cache as cache_model
+    from attnlab.shapes import AttentionShape
+
+    newest: dict[str, dict[str, dict]] = {}
+    for record in records:
+        if record.get("provider") in FP8_PAIR and plots.is_latency(record):
+            cell = newest.setdefault(json.dumps(record["shape"], sort_keys=True), {})
+            kept = cell.get(record["provider"])
+            if kept is None or (record.get("timestamp") or "") >= (kept.get("timestamp") or ""):
+                cell[record["provider"]] = record
+    rows, speedups = [], []
+    for cell in newest.values():
+        if len(cell) < len(FP8_PAIR):
+            continue
+        bf16, fp8 = (cell[name] for name in FP8_PAIR)
+        shape = AttentionShape.from_dict(bf16["shape"])
+        bf16_bytes = cache_model.decode_kv_bytes(shape)
+        fp8_bytes = cache_model.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="kv-head")
+        bf16_ms, fp8_ms = plots.to_ms(bf16), plots.to_ms(fp8)
+        speedups.append(bf16_ms / fp8_ms)
+        rows.append({"sort": (shape.head_dim, shape.batch, shape.seqlen_k), "cells": [
+            f"{shape.query_heads}q/{shape.kv_heads}kv d={shape.head_dim}",
+            f"{shape.batch} × {format_tokens(shape.seqlen_k)}",
+            format_bytes(bf16_bytes), format_bytes(fp8_bytes),
+            format_ratio(bf16_bytes / fp8_bytes),
+            format_ms(bf16_ms), format_ms(fp8_ms), format_ratio(bf16_ms / fp8_ms)]})
+    rows.sort(key=lambda row: row["sort"])
+    if not rows:
+        return {"rows": [], "headers": [], "headline": "", "caption": "",
+                "empty_message": "No fp8 cache records: bench/fp8_h200.py measures them."}
+    gpus = sorted({str(r.get("gpu")) for cell in newest.values() for r in cell.values()})
+    return {
+        "rows": rows,
+        "headers": ["heads", "batch × cache", "bf16 cache bytes", "fp8 cache bytes",
+                    "bytes ratio", "bf16 time", "fp8 time", "speedup"],
+        "headline": (f"An e4m3 cache reads half the bytes of a bf16 one; measured, its decode "
+                     f"is {format_ratio(min(speedups))}–{format_ratio(max(speedups))} faster "
+                     f"over these {len(rows)} shapes."),
+        "caption": (f"One decode call (one query, causal) on {', '.join(gpus)}, median under "
+                    "CUDA-graph replay; bytes from the byte model (model.cache.decode_kv_bytes)."),
+        "empty_message": "",
     }
 
 
