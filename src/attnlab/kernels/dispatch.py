@@ -163,7 +163,7 @@ MAX_SPLITS = 128
 # A split shorter than this many keys costs more in per-program start-up, partial
 # traffic and combine than its parallelism returns (FlashInfer's floor is a 128-token
 # chunk).  Measured on the H200 at batch 1 (s10 run 2, decode_h200 --phases short_splits,
-# bench/results/decode_short_splits.jsonl): d = 256's 32-key tiles at 4k / 8k keys ran
+# bench/results/runs/2026-12-02-s10-run2/short/): d = 256's 32-key tiles at 4k / 8k keys ran
 # 22.0 / 27.5 us with 64 splits of 64 keys and 18.9-19.2 / 24.7 with 16-32 splits
 # (128-256 keys); d = 128's 128-key tiles are best at 256-512 keys a split.
 MIN_KEYS_PER_SPLIT = 256
