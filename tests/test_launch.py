@@ -15,6 +15,7 @@ from attnlab.kernels._compat import direct_launch_refusal, launcher_convention
 from attnlab.kernels._launch import (
     DirectLauncher,
     PlanCache,
+    PlannedLaunch,
     _arg_class,
     int_class,
     tensor_key,
@@ -55,6 +56,44 @@ def test_a_launch_missing_a_constexpr_is_an_attnlab_bug(monkeypatch):
     with pytest.raises(RuntimeError, match="constexpr"):
         launcher, args, meta = DirectLauncher(Kernel()), (torch.zeros(1), 3), {"num_warps": 4}
         launcher.launch(launcher.key(args, meta), (1,), args, meta)
+
+
+def test_a_planned_launch_reuses_the_compiled_launch_with_launch_cacheds_arguments(monkeypatch):
+    # After the first call a plan calls the kept compiled launch itself, with exactly the
+    # final arguments launch_cached would assemble: tensors, static arguments, constexprs
+    # in the kernel's order (not the meta dict's).
+    launched = []
+
+    class Compiled:
+        def __init__(self, jit_result) -> None:
+            self.jit_result = jit_result
+
+        def __call__(self, grid, final_args) -> None:
+            launched.append((grid, final_args))
+
+    class Kernel:
+        arg_names = ["X", "Y", "n", "scale", "BLOCK", "FLAG"]
+
+        def __getitem__(self, grid):
+            return lambda *args, **meta: ("compiled", grid, args)
+
+    monkeypatch.setattr("attnlab.kernels._launch.direct_launch_refusal", lambda: None)
+    monkeypatch.setattr("attnlab.kernels._launch.kernel_is_interpreted", lambda: False)
+    monkeypatch.setattr("attnlab.kernels._launch.CompiledLaunch", Compiled)
+    monkeypatch.setattr("attnlab.kernels._launch.launch_options", lambda: {})
+    plan = PlannedLaunch(DirectLauncher(Kernel()), (7,), (5, 0.5),
+                         {"FLAG": True, "num_warps": 4, "BLOCK": 64})
+    x, y = torch.zeros(2), torch.zeros(3)
+    plan(x, y)  # compiles (through kernel[grid]); nothing reaches the kept launch
+    assert launched == []
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("a planned call after the first went through launch_cached")
+
+    monkeypatch.setattr("attnlab.kernels._launch.launch_cached", no_lookup)
+    plan(x, y)
+    plan(y, x)
+    assert launched == [((7,), (x, y, 5, 0.5, 64, True)), ((7,), (y, x, 5, 0.5, 64, True))]
 
 
 def test_a_plan_cache_builds_once_per_key_and_keeps_the_newest():
