@@ -9,8 +9,9 @@ attention shapes: ``seed`` (the seed's layer: 24 query / 4 KV heads, d = 256) an
 (shape, batch in 1 / 8 / 32) prefills a 4k-token prompt and generates 256 tokens
 greedily with ``model.generate`` (transformers' DynamicCache) under each provider:
 ``attnlab`` (attnlab.integrations.transformers: the decode steps reach the split-KV
-kernel through ``attnlab.attention``), transformers' ``sdpa``, ``eager`` and
-``flash_attention_2`` where flash-attn is installed.  Per provider and point:
+kernel through ``attnlab.attention``), transformers' ``sdpa`` (and, on CUDA, the same with
+SDPA's flash or cuDNN backend pinned around the generate: ``sdpa_flash``, ``sdpa_cudnn``),
+``eager`` and ``flash_attention_2`` where flash-attn is installed.  Per provider and point:
 
 * **time per token**: (generate of N tokens - generate of 1 token) / (N - 1), the decode
   step without the prefill; **tokens/s** = batch / time per token;
@@ -57,7 +58,11 @@ SHAPES = {  # query heads, kv heads, head dim, hidden, MLP hidden
     "seed": (24, 4, 256, 3072, 8192),
     "llama": (32, 8, 128, 4096, 14336),
 }
-PROVIDERS = ("attnlab", "sdpa", "eager", "flash_attention_2")
+PROVIDERS = ("attnlab", "sdpa", "eager", "flash_attention_2", "sdpa_flash", "sdpa_cudnn")
+# transformers' sdpa with one SDPA backend pinned around the whole generate (entered before
+# the timed region): session 9 measured sdpa at ~10x eager's time per token with only
+# ~7 ms of each step on the profile, and the pinned runs say which backend costs it.
+SDPA_PINS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
 VOCAB = 32000
 CHECK_STEPS = 32
 PROFILE_STEPS = 4
@@ -118,7 +123,20 @@ def register_providers(device: str) -> dict[str, str]:
         AttentionInterface.register(name, scoped(fn))
         AttentionMaskInterface.register(name, AttentionMaskInterface._global_mapping[mask])
         names[provider] = name
+    if device == "cuda":
+        names.update({provider: names["sdpa"] for provider in SDPA_PINS})
     return names
+
+
+def pinned(provider: str):
+    """The SDPA backend pin a provider runs under (a no-op for the others)."""
+    import contextlib
+
+    if provider not in SDPA_PINS:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, SDPA_PINS[provider])])
 
 
 def off_by_one(fn):
@@ -255,29 +273,32 @@ def generate_phase(ctx) -> list[dict]:
             row = dict(point, provider=provider)
             point_rows.append(row)
             if provider not in names:
-                row["skipped"] = ("flash-attn is not installed (transformers finds no "
-                                  "flash_attention_2)")
+                row["skipped"] = ("a pinned SDPA backend needs CUDA" if provider in SDPA_PINS
+                                  else "flash-attn is not installed (transformers finds no "
+                                       "flash_attention_2)")
                 print(f"  {provider:18s} skipped: {row['skipped']}", flush=True)
                 continue
             try:
                 model.set_attn_implementation(names[provider])
-                generate(model, ids, 2)  # warm: kernels compiled for these lengths
-                prefill_s, _ = timed_generate(model, ids, 1, device)
-                total_s, out = timed_generate(model, ids, settings["new"], device)
-                per_token_ms = (total_s - prefill_s) / (settings["new"] - 1) * 1e3
-                row.update(prefill_ms=prefill_s * 1e3, generate_ms=total_s * 1e3,
-                           time_per_token_ms=per_token_ms,
-                           tokens_per_s=batch / (per_token_ms / 1e3))
-                if provider == "sdpa":
-                    tokens = out
-                if tokens is not None:
-                    logits[provider] = forced_logits(model, ids, tokens, settings["check_steps"])
-                row.update(step_profile(model, ids, device, ctx.path(
-                    f"traces/{shape_name}_b{batch}_{provider}.json")))
-                print(f"  {provider:18s} {per_token_ms:8.2f} ms/token  "
-                      f"{row['tokens_per_s']:9.1f} tok/s  prefill {prefill_s * 1e3:8.1f} ms  "
-                      f"attention {row['attention_share']:.0%} of the step, "
-                      f"GPU idle {row['idle_ms']:.2f} ms/step", flush=True)
+                with pinned(provider):  # entered before the timed region
+                    generate(model, ids, 2)  # warm: kernels compiled for these lengths
+                    prefill_s, _ = timed_generate(model, ids, 1, device)
+                    total_s, out = timed_generate(model, ids, settings["new"], device)
+                    per_token_ms = (total_s - prefill_s) / (settings["new"] - 1) * 1e3
+                    row.update(prefill_ms=prefill_s * 1e3, generate_ms=total_s * 1e3,
+                               time_per_token_ms=per_token_ms,
+                               tokens_per_s=batch / (per_token_ms / 1e3))
+                    if provider == "sdpa":
+                        tokens = out
+                    if tokens is not None:
+                        logits[provider] = forced_logits(model, ids, tokens,
+                                                         settings["check_steps"])
+                    row.update(step_profile(model, ids, device, ctx.path(
+                        f"traces/{shape_name}_b{batch}_{provider}.json")))
+                    print(f"  {provider:18s} {per_token_ms:8.2f} ms/token  "
+                          f"{row['tokens_per_s']:9.1f} tok/s  prefill {prefill_s * 1e3:8.1f} ms  "
+                          f"attention {row['attention_share']:.0%} of the step, "
+                          f"GPU idle {row['idle_ms']:.2f} ms/step", flush=True)
             except Exception as error:  # noqa: BLE001 -- recorded, the run goes on
                 if not isinstance(error, torch.cuda.OutOfMemoryError):
                     traceback.print_exc()
