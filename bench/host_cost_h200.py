@@ -183,30 +183,38 @@ def backward_anatomy(head_dim: int, calls: int = 40) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in parts.items()}
 
 
-def cprofile_tables(head_dim: int, calls: int = 200) -> str:
-    """cProfile's top functions by own time over ``calls`` back-to-back calls each of
-    flash_backward and the grad-enabled forward (the main thread only: the engine runs
-    the backward node on its device thread, where cProfile does not look)."""
+def cprofile_table(fn, calls: int, orders=("tottime",), rows: int = 28) -> str:
+    """cProfile's top functions over ``calls`` back-to-back calls of ``fn`` (already
+    warm), one table per sort order (the main thread only)."""
     import cProfile
     import io
     import pstats
 
-    layers = fwdbwd_layers(head_dim)
+    torch.cuda.synchronize()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        fn()
+    profile.disable()
+    torch.cuda.synchronize()
     text = io.StringIO()
+    for order in orders:
+        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(rows)
+    return text.getvalue()
+
+
+def cprofile_tables(head_dim: int, calls: int = 200) -> str:
+    """cProfile's top functions by own time over ``calls`` back-to-back calls each of
+    flash_backward and the grad-enabled forward (the main thread only: the engine runs
+    the backward node on its device thread, where cProfile does not look)."""
+    layers = fwdbwd_layers(head_dim)
+    text = []
     for name in ("flash_backward direct", "forward, grad enabled (autograd.Function)"):
         fn = layers[name]
         for _ in range(10):
             fn()
-        torch.cuda.synchronize()
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(calls):
-            fn()
-        profile.disable()
-        torch.cuda.synchronize()
-        text.write(f"== d={head_dim} {name}: {calls} calls\n")
-        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(28)
-    return text.getvalue()
+        text.append(f"== d={head_dim} {name}: {calls} calls\n{cprofile_table(fn, calls)}")
+    return "".join(text)
 
 
 def phase_fwdbwd(ctx) -> None:
@@ -439,38 +447,26 @@ def phase_decode(ctx) -> list:
 def phase_decode_profile(ctx) -> None:
     """Where a decode call's host time goes: cProfile over 300 back-to-back calls (B1 x 4k,
     tensor cache_seqlens; contiguous, 16-token pages) and the wall time per call beside it."""
-    import cProfile
-    import io
-    import pstats
-
     from attnlab.shapes import AttentionShape
 
     shape = AttentionShape(batch=1, query_heads=32, kv_heads=8, seqlen_q=1, seqlen_k=4096,
                            head_dim=128, dtype="bf16", causal=True)
-    text = io.StringIO()
+    text, calls = [], 300
     for name, page_size in DECODE_VARIANTS[:2]:
         fn, inputs = decode_call(shape, page_size)
         for _ in range(20):
             fn(*inputs)
         torch.cuda.synchronize()
-        calls = 300
         start = time.perf_counter()
         for _ in range(calls):
             fn(*inputs)
         wall_us = (time.perf_counter() - start) / calls * 1e6
-        torch.cuda.synchronize()
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(calls):
-            fn(*inputs)
-        profile.disable()
-        torch.cuda.synchronize()
-        text.write(f"== {name} {shape.describe()}: {calls} calls, {wall_us:.1f} us per call "
-                   "unprofiled (back to back)\n")
-        for order in ("tottime", "cumulative"):
-            pstats.Stats(profile, stream=text).sort_stats(order).print_stats(30)
+        table = cprofile_table(lambda fn=fn, inputs=inputs: fn(*inputs), calls,
+                               orders=("tottime", "cumulative"), rows=30)
+        text.append(f"== {name} {shape.describe()}: {calls} calls, {wall_us:.1f} us per call "
+                    f"unprofiled (back to back)\n{table}")
         print(f"  {name}: {wall_us:.1f} us per call back to back", flush=True)
-    ctx.path("decode_cprofile.txt").write_text(text.getvalue())
+    ctx.path("decode_cprofile.txt").write_text("".join(text))
 
 
 def attnlab_checks(device) -> None:
