@@ -48,7 +48,7 @@ from attnlab.measure.providers import PROVIDERS, ProviderUnavailable, make_input
 from attnlab.measure.timing import time_call
 from attnlab.model import cache as cache_model
 from attnlab.model import flops as flop_model
-from attnlab.reference.fp8 import per_head, quantize_e4m3
+from attnlab.reference.fp8 import descale_per_head, per_head, quantize_e4m3, quantize_per_head
 from attnlab.shapes import AttentionShape
 
 DECODE_HEADS = ((32, 8, 128), (24, 4, 256))
@@ -67,16 +67,10 @@ def randn(*shape, seed=0, dtype=torch.bfloat16):
     return torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
 
 
-def descale_of(x: torch.Tensor) -> torch.Tensor:
-    """A per-(batch, kv_head) descale putting x's largest magnitude at e4m3's 448."""
-    return (x.float().abs().amax(dim=(1, 3)) / 448.0).clamp_min(1e-12)
-
-
 def fp8_cache(batch, seqlen, kv_heads, dim, seed):
     """(real bf16 cache, its e4m3 copy, descale) for K or V."""
     real = randn(batch, seqlen, kv_heads, dim, seed=seed)
-    descale = descale_of(real)
-    return real, quantize_e4m3(real, per_head(descale)), descale
+    return (real, *quantize_per_head(real))
 
 
 def decode_shape(batch, seqlen, heads, kv_heads, dim) -> AttentionShape:
@@ -161,8 +155,8 @@ def correctness(ctx) -> None:
             batch, heads, kv_heads, dim = 1, 8, 2, 128
             real = [randn(batch, seqlen, h, dim, seed=s) for h, s in ((heads, 4), (kv_heads, 5),
                                                                      (kv_heads, 6))]
-            scales = [descale_of(real[0]).view(batch, kv_heads, -1).amax(-1),
-                      descale_of(real[1]), descale_of(real[2])]
+            scales = [descale_per_head(real[0]).view(batch, kv_heads, -1).amax(-1),
+                      descale_per_head(real[1]), descale_per_head(real[2])]
             q8 = quantize_e4m3(real[0], per_head(scales[0].repeat_interleave(heads // kv_heads, 1)))
             k8, v8 = (quantize_e4m3(t, per_head(d)) for t, d in zip(real[1:], scales[1:],
                                                                    strict=True))
@@ -262,8 +256,7 @@ def prefill_grid(args) -> list[AttentionShape]:
 def prefill_calls(shape: AttentionShape, config: ForwardConfig | None = None):
     b, n, h, d = shape.batch, shape.seqlen_q, shape.query_heads, shape.head_dim
     q, k, v = (randn(b, n, h, d, seed=s) for s in (21, 22, 23))
-    scales = [descale_of(t) for t in (q, k, v)]
-    q8, k8, v8 = (quantize_e4m3(t, per_head(s)) for t, s in zip((q, k, v), scales, strict=True))
+    (q8, qd), (k8, kd), (v8, vd) = (quantize_per_head(t) for t in (q, k, v))
     causal = shape.causal
 
     def bf16(q, k, v):
@@ -277,7 +270,7 @@ def prefill_calls(shape: AttentionShape, config: ForwardConfig | None = None):
                                    v_descale=vd)
 
     return [("attnlab_forward_bf16", bf16, (q, k, v)),
-            ("attnlab_forward_fp8", fp8, (q8, k8, v8, *scales))]
+            ("attnlab_forward_fp8", fp8, (q8, k8, v8, qd, kd, vd))]
 
 
 @bench.phase("prefill", cap_s=30.0, plan=prefill_grid)
