@@ -36,34 +36,50 @@ _ROLE_PATTERNS = (
 )
 
 
-# Providers the cache model predicts: the peers from their shape, attnlab from its
-# kernel's tile configuration for the shape (the model itself never imports kernels).
-PREDICTED_PROVIDERS = (*cache_model.PREDICTORS, "attnlab")
+# The decode API's providers and the cache each stores, as the byte model takes it
+# (measure.providers: attnlab_decode_fp8 quantises per (batch, KV head)).
+DECODE_API_CACHES: dict[str, dict] = {
+    "attnlab_decode": {},
+    "attnlab_decode_fp8": {"kv_dtype": "fp8", "kv_scales": "kv-head"},
+}
+# Providers the cache model predicts: the peers from their shape, attnlab's from its
+# kernels' tile configurations for the shape (the model itself never imports kernels).
+PREDICTED_PROVIDERS = (*cache_model.PREDICTORS, "attnlab", *DECODE_API_CACHES)
 
 
-def attnlab_decode_splits(shape: AttentionShape,
-                          hw: cache_model.CacheHardware = cache_model.H200) -> int | None:
-    """The split count of attnlab's decode kernel when the API routes this call to it
-    (short queries against a long cache, attnlab.api), else None."""
+def decode_launch(provider: str, shape: AttentionShape,
+                  hw: cache_model.CacheHardware = cache_model.H200) -> tuple[int, dict] | None:
+    """(split count, cache storage) when ``provider``'s call runs attnlab's split-KV decode
+    kernel -- the decode API's always, ``attnlab``'s when the API routes it there (short
+    queries against a long cache) -- else None.  The count is the launcher's for the
+    cache's dtype: an fp8 cache has a tiling of its own, so a split count of its own."""
     from attnlab.kernels.decode import launch_plan
     from attnlab.kernels.dispatch import routes_to_decode
 
-    if not routes_to_decode(seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k, needs_grad=False):
+    if provider in DECODE_API_CACHES:
+        cache = DECODE_API_CACHES[provider]
+    elif provider == "attnlab" and routes_to_decode(seqlen_q=shape.seqlen_q,
+                                                    seqlen_k=shape.seqlen_k, needs_grad=False):
+        cache = {}
+    else:
         return None
-    return launch_plan(batch=shape.batch, kv_heads=shape.kv_heads, query_heads=shape.query_heads,
+    plan = launch_plan(batch=shape.batch, kv_heads=shape.kv_heads, query_heads=shape.query_heads,
                        seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
-                       head_dim=shape.head_dim, sm_count=hw.sm_count)["num_splits"]
+                       head_dim=shape.head_dim, sm_count=hw.sm_count,
+                       fp8_cache=cache.get("kv_dtype") == "fp8")
+    return plan["num_splits"], cache
 
 
 def predict(provider: str, shape: AttentionShape,
             hw: cache_model.CacheHardware = cache_model.H200) -> list[cache_model.PredictedKernel]:
     """The cache model's kernels for one provider call, in launch order."""
+    launch = decode_launch(provider, shape, hw)
+    if launch is not None:
+        splits, cache = launch
+        return cache_model.predict_attnlab_decode(shape, splits, hw, **cache)
     if provider == "attnlab":
         from attnlab.kernels.configs import forward_config, head_dim_padded
 
-        splits = attnlab_decode_splits(shape, hw)
-        if splits is not None:
-            return cache_model.predict_attnlab_decode(shape, splits, hw)
         config = forward_config(shape)
         return cache_model.predict_attnlab(
             shape, hw, block_m=config.block_m, block_n=config.block_n,
@@ -286,10 +302,15 @@ def compare_case(provider: str, shape: AttentionShape, kernels: Sequence[NcuKern
         role, kernel = remaining.pop(index)
         pairs.append(KernelPair(role, kernel, prediction))
     unmodelled = [kernel for _, kernel in remaining]
+    launch = decode_launch(provider, shape, hw)
     try:
-        splits = attnlab_decode_splits(shape, hw) if provider == "attnlab" else None
-        logical, note = cache_model.logical_bytes(provider, shape, hw,
-                                                  attnlab_decode_splits=splits)
+        if launch is None:
+            logical, note = cache_model.logical_bytes(provider, shape, hw)
+        else:  # the decode API's providers run attnlab's decode kernel too
+            splits, cache = launch
+            logical, note = cache_model.logical_bytes("attnlab", shape, hw,
+                                                      attnlab_decode_splits=splits,
+                                                      kv_dtype=cache.get("kv_dtype"))
     except ValueError as error:  # a shape the logical model does not cover
         logical, note = None, f"logical model unavailable: {error}"
     return CaseComparison(provider, shape, pairs, logical, note, unmodelled)
