@@ -248,3 +248,46 @@ def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
     assert dkdv.written_bytes == 2 * kv
     # Small outputs stay in L2 at the end: retained, not counted as DRAM writes.
     assert dq.write_bytes == dkdv.write_bytes == 0
+
+
+def test_per_kernel_rows_compare_each_launch_and_list_what_the_model_lacks():
+    """kernel_rows / kernel_markdown_table on a parsed ncu kernel list made up here: the
+    split kernel 10% over the prediction, the combine 40% under, one kernel the model
+    does not contain; and a case whose combine ncu never saw."""
+    from attnlab.measure.compare import kernel_markdown_table, kernel_rows
+    from attnlab.measure.ncu import NcuKernel
+
+    def kernel(i, name, read, write):
+        return NcuKernel(id=i, name=name, case="c", grid=None, block=None,
+                         metrics={"dram__bytes_read.sum": (read, "byte"),
+                                  "dram__bytes_write.sum": (write, "byte"),
+                                  "gpu__time_duration.sum": (1000.0 + i, "ns")})
+
+    shape = DECODE_16x32K
+    split, combine = predict("attnlab_decode_fp8", shape)
+    measured = [kernel(0, "_split_kv_decode", 1.1 * split.total_bytes, 0),
+                kernel(1, "_combine_partials", 0.36 * combine.total_bytes,
+                       0.24 * combine.total_bytes),
+                kernel(2, "void at::native::vectorized_elementwise_kernel<FillFunctor>", 64, 64)]
+    full = compare_case("attnlab_decode_fp8", shape, measured)
+    short = compare_case("attnlab_decode_fp8", shape, measured[:1])
+    rows = kernel_rows([full, short])
+    assert [(r["provider"], r["role"]) for r in rows] == [("attnlab_decode_fp8", role) for role in
+                                                          ("split_kv", "combine", "mask_build",
+                                                           "split_kv", "combine")]
+    first, second, extra, _, unseen = rows
+    assert first["measured"] == "_split_kv_decode" and first["shape"] == shape.as_dict()
+    assert first["measured_bytes"] == round(1.1 * split.total_bytes)
+    assert first["predicted_bytes"] == split.total_bytes
+    assert first["relative_error"] == pytest.approx(1 / 1.1 - 1) and first["within_goal"]
+    assert first["duration_ns"] == 1000.0
+    assert second["relative_error"] == pytest.approx(1 / 0.6 - 1, rel=1e-5) and not second["within_goal"]
+    assert extra["predicted"] is None and extra["relative_error"] is None
+    assert not extra["within_goal"] and extra["measured_bytes"] == 128
+    assert unseen["measured"] is None and unseen["measured_bytes"] is None
+    assert unseen["predicted"]["read_bytes"] == combine.read_bytes and not unseen["within_goal"]
+    table = kernel_markdown_table([full, short]).splitlines()
+    assert len(table) == 2 + len(rows)
+    assert table[2].endswith("| -9.1% | yes |") and table[3].endswith("| +66.7% | NO |")
+    assert "| mask_build (not modelled) |" in table[4] and table[4].endswith("| n/a | NO |")
+    assert "| combine (not measured) | n/a / n/a |" in table[6]
