@@ -135,15 +135,18 @@ def test_markdown_table_lists_every_case():
     assert "| sdpa_cudnn |" in table and "NO |" not in table
 
 
-def test_a_pass_split_into_chunked_launches_counts_once():
-    from attnlab.measure.compare import merge_chunked_launches
-    from attnlab.measure.ncu import NcuKernel
-
-    def kernel(i, name, read, write):
-        return NcuKernel(id=i, name=name, case="c", grid=None, block=None,
+def parsed_kernel(i, name, read, write, duration_ns=10.0) -> ncu.NcuKernel:
+    """One kernel as the ncu parser returns it, in case "c"."""
+    return ncu.NcuKernel(id=i, name=name, case="c", grid=None, block=None,
                          metrics={"dram__bytes_read.sum": (read, "byte"),
                                   "dram__bytes_write.sum": (write, "byte"),
-                                  "gpu__time_duration.sum": (10.0, "ns")})
+                                  "gpu__time_duration.sum": (duration_ns, "ns")})
+
+
+def test_a_pass_split_into_chunked_launches_counts_once():
+    from attnlab.measure.compare import merge_chunked_launches
+
+    kernel = parsed_kernel
 
     scale = "void at::vectorized_elementwise_kernel<8, MulFunctor<float>>"
     gemm = "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT"
@@ -255,13 +258,9 @@ def test_per_kernel_rows_compare_each_launch_and_list_what_the_model_lacks():
     split kernel 10% over the prediction, the combine 40% under, one kernel the model
     does not contain; and a case whose combine ncu never saw."""
     from attnlab.measure.compare import kernel_markdown_table, kernel_rows
-    from attnlab.measure.ncu import NcuKernel
 
     def kernel(i, name, read, write):
-        return NcuKernel(id=i, name=name, case="c", grid=None, block=None,
-                         metrics={"dram__bytes_read.sum": (read, "byte"),
-                                  "dram__bytes_write.sum": (write, "byte"),
-                                  "gpu__time_duration.sum": (1000.0 + i, "ns")})
+        return parsed_kernel(i, name, read, write, duration_ns=1000.0 + i)
 
     shape = DECODE_16x32K
     split, combine = predict("attnlab_decode_fp8", shape)
