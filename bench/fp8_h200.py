@@ -17,7 +17,16 @@ One call for the lead's lease (issue 31), about 110 s with compiles:
    (whatever its dispatcher runs) against the FP8 forward (FA3 interface, V's transpose
    included), TFLOP/s;
 4. ``tune`` (only when asked, cap 75 s): other fp8 decode tilings (both head shapes, batch 1
-   and 16 x 32k) and prefill tilings.
+   and 16 x 32k) and prefill tilings;
+5. ``ncu`` (only when asked, cap 150 s; refused in one line without ncu): Nsight Compute's
+   DRAM bytes of the measurement harness's ``attnlab_decode`` and ``attnlab_decode_fp8``
+   (the same cache and its e4m3 copy) at batch 1 and 16 x 32k, both head shapes, against
+   the cache-aware byte model (``measure.compare.predict``): one row per kernel in
+   decode_ncu_vs_model.jsonl (measured, predicted, relative error, within the 15% goal),
+   the counters as records in decode_ncu.jsonl, ncu's CSVs and log under ncu/, the
+   tables in cache_model_vs_ncu.md and printed::
+
+       PYTHONPATH=src python3 bench/fp8_h200.py --out $OUT --phases ncu --budget 160
 
 Records (measure.records; the provider names the cache dtype: ``attnlab_decode_bf16``,
 ``attnlab_decode_fp8``, ``sdpa_cudnn``, ``attnlab_forward_bf16``, ``attnlab_forward_fp8``;
@@ -30,8 +39,11 @@ batch 1 from 32k; fp8 prefill >= 1.4x bf16 at d = 128 from 4k).
 from __future__ import annotations
 
 import itertools
+import os
 import sys
+import time
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -43,12 +55,12 @@ from attnlab.kernels.decode import flash_decode
 from attnlab.kernels.dispatch import sm_count
 from attnlab.kernels.forward import flash_forward_fp8
 from attnlab.measure import records
-from attnlab.measure.engine import Bench
+from attnlab.measure.engine import Bench, Unavailable
 from attnlab.measure.providers import PROVIDERS, ProviderUnavailable, make_inputs, prepare
 from attnlab.measure.timing import time_call
 from attnlab.model import cache as cache_model
 from attnlab.model import flops as flop_model
-from attnlab.reference.fp8 import per_head, quantize_e4m3
+from attnlab.reference.fp8 import descale_per_head, per_head, quantize_e4m3, quantize_per_head
 from attnlab.shapes import AttentionShape
 
 DECODE_HEADS = ((32, 8, 128), (24, 4, 256))
@@ -67,16 +79,10 @@ def randn(*shape, seed=0, dtype=torch.bfloat16):
     return torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
 
 
-def descale_of(x: torch.Tensor) -> torch.Tensor:
-    """A per-(batch, kv_head) descale putting x's largest magnitude at e4m3's 448."""
-    return (x.float().abs().amax(dim=(1, 3)) / 448.0).clamp_min(1e-12)
-
-
 def fp8_cache(batch, seqlen, kv_heads, dim, seed):
     """(real bf16 cache, its e4m3 copy, descale) for K or V."""
     real = randn(batch, seqlen, kv_heads, dim, seed=seed)
-    descale = descale_of(real)
-    return real, quantize_e4m3(real, per_head(descale)), descale
+    return (real, *quantize_per_head(real))
 
 
 def decode_shape(batch, seqlen, heads, kv_heads, dim) -> AttentionShape:
@@ -161,8 +167,8 @@ def correctness(ctx) -> None:
             batch, heads, kv_heads, dim = 1, 8, 2, 128
             real = [randn(batch, seqlen, h, dim, seed=s) for h, s in ((heads, 4), (kv_heads, 5),
                                                                      (kv_heads, 6))]
-            scales = [descale_of(real[0]).view(batch, kv_heads, -1).amax(-1),
-                      descale_of(real[1]), descale_of(real[2])]
+            scales = [descale_per_head(real[0]).view(batch, kv_heads, -1).amax(-1),
+                      descale_per_head(real[1]), descale_per_head(real[2])]
             q8 = quantize_e4m3(real[0], per_head(scales[0].repeat_interleave(heads // kv_heads, 1)))
             k8, v8 = (quantize_e4m3(t, per_head(d)) for t, d in zip(real[1:], scales[1:],
                                                                    strict=True))
@@ -262,8 +268,7 @@ def prefill_grid(args) -> list[AttentionShape]:
 def prefill_calls(shape: AttentionShape, config: ForwardConfig | None = None):
     b, n, h, d = shape.batch, shape.seqlen_q, shape.query_heads, shape.head_dim
     q, k, v = (randn(b, n, h, d, seed=s) for s in (21, 22, 23))
-    scales = [descale_of(t) for t in (q, k, v)]
-    q8, k8, v8 = (quantize_e4m3(t, per_head(s)) for t, s in zip((q, k, v), scales, strict=True))
+    (q8, qd), (k8, kd), (v8, vd) = (quantize_per_head(t) for t in (q, k, v))
     causal = shape.causal
 
     def bf16(q, k, v):
@@ -277,7 +282,7 @@ def prefill_calls(shape: AttentionShape, config: ForwardConfig | None = None):
                                    v_descale=vd)
 
     return [("attnlab_forward_bf16", bf16, (q, k, v)),
-            ("attnlab_forward_fp8", fp8, (q8, k8, v8, *scales))]
+            ("attnlab_forward_fp8", fp8, (q8, k8, v8, qd, kd, vd))]
 
 
 @bench.phase("prefill", cap_s=30.0, plan=prefill_grid)
@@ -333,9 +338,90 @@ def tuning(ctx) -> None:
 
 @bench.setup
 def setup(ctx) -> None:
+    if "ncu" in ctx.phases:  # before any GPU work: without ncu nothing would be compared
+        ctx.results["ncu"] = require_ncu()
     torch.backends.cuda.matmul.allow_tf32 = False
     ctx.results["sms"] = sm_count(torch.device("cuda"))
     ctx.results["fp8_decode_config"] = decode_config(128, fp8_cache=True)
+
+
+# ----- 5. ncu ----------------------------------------------------------------------------------
+NCU_PROVIDERS = ("attnlab_decode", "attnlab_decode_fp8")
+NCU_TIMEOUT_S = 600.0
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ncu_cases(args) -> list[tuple[str, str, AttentionShape]]:
+    """(provider, phase, shape): the bf16 and fp8 caches side by side, batch 1 and 16 x 32k."""
+    for name in NCU_PROVIDERS:
+        PROVIDERS[name]  # noqa: B018 - a renamed provider fails here, on a CPU
+    return [(name, "decode", decode_shape(batch, 32768, heads, kv_heads, dim))
+            for heads, kv_heads, dim in DECODE_HEADS for batch in (1, 16)
+            for name in NCU_PROVIDERS]
+
+
+def require_ncu() -> str:
+    """The ncu executable, or Unavailable naming what is missing (exit 2, one line)."""
+    from attnlab.measure import ncu
+
+    binary = ncu.find_ncu()
+    if binary is None:
+        raise Unavailable("the ncu phase needs Nsight Compute's ncu (on PATH, in $NCU or in "
+                          "/usr/local/cuda/bin); not found")
+    return binary
+
+
+def ncu_report(ctx, kernels) -> list[dict]:
+    """Every planned case's kernels against the byte model (a case that did not run: its
+    kernels as not measured): one row per kernel kept in decode_ncu_vs_model.jsonl, both
+    tables in cache_model_vs_ncu.md and printed."""
+    from attnlab.measure.compare import (
+        compare_case,
+        comparison_markdown,
+        kernel_markdown_table,
+        kernel_rows,
+    )
+    from attnlab.measure.ncu import case_label, group_by_case
+
+    by_case = group_by_case(kernels)
+    comparisons = [compare_case(name, shape, by_case.get(case_label(name, phase, shape), []))
+                   for name, phase, shape in ctx.plan]
+    rows = [{"what": "decode_ncu_vs_model", **row, **ctx.env} for row in kernel_rows(comparisons)]
+    ctx.write_rows("decode_ncu_vs_model.jsonl", rows)
+    tables = comparison_markdown(comparisons) + "\nPer kernel:\n\n" + \
+        kernel_markdown_table(comparisons)
+    ctx.path("cache_model_vs_ncu.md").write_text(tables, encoding="utf-8")
+    log("\n" + tables)
+    return rows
+
+
+@bench.phase("ncu", default=False, cap_s=150.0, plan=ncu_cases)
+def ncu_phase(ctx) -> list[dict]:
+    """Nsight Compute's DRAM bytes of the bf16 and fp8 cache decodes against the byte model."""
+    from attnlab.measure import ncu
+    from attnlab.measure.compare import ncu_records, predicted_kernel_count
+
+    # The profiled target is a child process: it must import this checkout's attnlab too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    try:
+        run = ncu.run_ncu(ctx.plan, ctx.out_dir / "ncu", ncu=ctx.results["ncu"],
+                          metrics=ncu.CORE_METRICS, kernel_counts=predicted_kernel_count,
+                          timeout_s=max(10.0, min(NCU_TIMEOUT_S, ctx.deadline - time.monotonic())))
+    except RuntimeError as error:  # say why; the log's tail says more
+        log(f"  ncu failed: {error}")
+        ncu_log = ctx.out_dir / "ncu" / "ncu_log.txt"
+        if ncu_log.exists():
+            log("    " + "\n    ".join(ncu_log.read_text().splitlines()[-15:]))
+        ctx.fail()
+        return []
+    ctx.upsert("decode_ncu.jsonl", ncu_records(run.kernels, ctx.env))
+    for label, reason in run.failed_cases.items():
+        log(f"  case failed: {label}: {reason[:300]}")
+    for note in run.notes:
+        log(f"  note: {note}")
+    ctx.fail(len(run.failed_cases))
+    return ncu_report(ctx, run.kernels)
 
 
 # ----- the table -------------------------------------------------------------------------------
@@ -347,8 +433,10 @@ def print_table(ctx) -> None:
     rows = []
     for phase, base, fast in (("decode", "attnlab_decode_bf16", "attnlab_decode_fp8"),
                               ("prefill", "attnlab_forward_bf16", "attnlab_forward_fp8")):
+        if not ctx.results.get(phase):
+            continue
         by_shape: dict[str, dict] = {}
-        for r in ctx.results.get(phase) or []:
+        for r in ctx.results[phase]:
             by_shape.setdefault(AttentionShape.from_dict(r["shape"]).describe(), {})[
                 r["provider"]] = r
         log(f"\n{phase}: median (us for decode, ms for prefill); fp8 speedup over bf16; target")

@@ -287,6 +287,7 @@ PLAN_VARIANTS = [
     ("decode_h200", ["--phases", "paged_sweep"]),
     ("host_cost_h200", ["--phases", "decode"]),
     ("fp8_h200", ["--phases", "correct,decode,prefill,tune"]),
+    ("fp8_h200", ["--phases", "ncu"]),
     ("sm90_h200", ["--quick"]),
     ("sm90_h200", ["--head-dims", "128,256,64", "--schedules", "split", "--rescales",
                    "late,early", "--stores", "direct,vector"]),
@@ -408,3 +409,95 @@ def test_the_serving_bench_runs_its_whole_path_on_a_toy_model(tmp_path, bench_sc
     assert all(r["greedy"]["mismatches"] == 0 and r["greedy"]["steps"] for r in judged)
     assert all(r["attention_ms"] > 0 for r in rows if "time_per_token_ms" in r)
 
+
+
+# ----- fp8_h200's ncu phase: everything but ncu and the GPU ------------------------------------
+def test_the_fp8_ncu_plan_puts_both_caches_side_by_side_at_every_shape(bench_script):
+    from attnlab.measure.compare import PREDICTED_PROVIDERS
+    from attnlab.measure.ncu import case_label
+
+    fp8 = bench_script("fp8_h200")
+    (cases,) = fp8.bench.plans(fp8.bench.parse(["--phases", "ncu"]), [fp8.bench.phases["ncu"]]
+                               ).values()
+    shapes = {(s.batch, s.query_heads, s.kv_heads, s.head_dim, s.seqlen_q, s.seqlen_k, s.dtype)
+              for _, _, s in cases}
+    assert shapes == {(b, hq, hk, d, 1, 32768, "bf16") for b in (1, 16)
+                      for hq, hk, d in ((32, 8, 128), (24, 4, 256))}
+    assert [name for name, _, _ in cases] == ["attnlab_decode", "attnlab_decode_fp8"] * 4
+    assert {phase for _, phase, _ in cases} == {"decode"} and all(s.causal for _, _, s in cases)
+    assert all(name in PREDICTED_PROVIDERS for name, _, _ in cases)
+    assert len({case_label(*case) for case in cases}) == 8
+
+
+def test_the_fp8_ncu_phase_without_ncu_is_one_line_before_any_work(bench_script, monkeypatch,
+                                                                  tmp_path, capsys):
+    from attnlab.measure import ncu
+
+    fp8 = bench_script("fp8_h200")
+    monkeypatch.setattr(engine, "_cuda_available", lambda: True)
+    monkeypatch.setattr(ncu, "find_ncu", lambda: None)
+    out = tmp_path / "o"
+    assert fp8.bench.main(["--phases", "ncu", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "fp8_h200: the ncu phase needs Nsight Compute's ncu (on PATH, in $NCU or in "
+        "/usr/local/cuda/bin); not found\n")
+    assert not out.exists()
+
+
+def test_the_fp8_ncu_phase_compares_every_kernel_it_profiled(bench_script, monkeypatch,
+                                                           tmp_path, capsys):
+    """The phase on a stand-in for run_ncu (what it would parse from ncu: each case's
+    kernels at the byte model's prediction + 5%, one case failed): the counters as
+    records, a comparison row per kernel, both tables written and printed, the failed
+    case counted."""
+    import argparse
+
+    from attnlab.measure import ncu
+    from attnlab.measure.compare import predict
+    from attnlab.measure.engine import Context
+
+    fp8 = bench_script("fp8_h200")
+    ctx = Context(args=argparse.Namespace(), out_dir=tmp_path, command="test", device="cpu",
+                  phase="ncu", plan=fp8.ncu_cases(None), deadline=float("inf"))
+    ctx.results["ncu"] = "/opt/ncu"
+    names = {"split_kv": "_split_kv_decode", "combine": "_combine_partials"}
+    lost = ctx.plan[-1]
+    seen = []
+
+    def run_ncu(cases, out_dir, **options):
+        seen.append((list(cases), out_dir, options["ncu"], options["timeout_s"]))
+        kernels = []
+        for case in cases[:-1]:
+            for k in predict(case[0], case[2]):
+                kernels.append(ncu.NcuKernel(
+                    len(kernels), names[k.role], ncu.case_label(*case), None, None,
+                    {"dram__bytes_read.sum": (1.05 * k.read_bytes, "byte"),
+                     "dram__bytes_write.sum": (1.05 * k.write_bytes, "byte")}))
+        return ncu.NcuRun(kernels, out_dir / "ncu_kernels.csv", out_dir / "ncu_raw.csv", [],
+                          ncu.CORE_METRICS, {ncu.case_label(*lost): "RuntimeError: boom"}, [])
+
+    monkeypatch.setattr(ncu, "run_ncu", run_ncu)
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    rows = fp8.ncu_phase(ctx)
+    ((cases, out_dir, binary, timeout),) = seen
+    assert cases == ctx.plan and out_dir == tmp_path / "ncu" and binary == "/opt/ncu"
+    assert timeout == fp8.NCU_TIMEOUT_S
+    assert fp8.os.environ["PYTHONPATH"].split(fp8.os.pathsep) == [str(ROOT / "src"), "elsewhere"]
+    expected = sum(len(predict(name, shape)) for name, _, shape in ctx.plan)
+    assert len(rows) == expected  # the lost case's kernels are rows too: not measured
+    measured = [r for r in rows if r["measured"] is not None]
+    assert len(measured) == expected - len(predict(lost[0], lost[2]))
+    assert all(r["relative_error"] == pytest.approx(1 / 1.05 - 1, rel=1e-4) and r["within_goal"]
+               for r in measured)
+    written = [json.loads(line) for line in
+               (tmp_path / "decode_ncu_vs_model.jsonl").read_text().splitlines()]
+    assert [r["role"] for r in written] == [r["role"] for r in rows]
+    assert written[0]["what"] == "decode_ncu_vs_model" and written[0]["gpu"] == "cpu"
+    records = rec.load_records(tmp_path / "decode_ncu.jsonl")
+    assert {r["metric"] for r in records} == {"dram_bytes_read", "dram_bytes_write"}
+    assert len(records) == 2 * len(measured)
+    tables = (tmp_path / "cache_model_vs_ncu.md").read_text()
+    assert tables.count("| attnlab_decode_fp8 |") == 4 + 8  # 4 cases, 8 kernels (2 lost)
+    assert "Per kernel:" in tables and "(not measured)" in tables
+    assert tables in capsys.readouterr().out
+    assert ctx.failures == 1

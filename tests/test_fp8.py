@@ -24,7 +24,15 @@ import attnlab.flash_attn_interface as fa3
 from attention_inputs import make_qkv, paged_copy
 from attnlab.accuracy import check_fp8_accuracy, check_fp8_cache_accuracy
 from attnlab.kernels._primitives import _to_e4m3, kernel_is_interpreted
-from attnlab.reference.fp8 import E4M3_MAX, dequantize, e4m3_half_step, per_head, quantize_e4m3
+from attnlab.reference.fp8 import (
+    E4M3_MAX,
+    dequantize,
+    descale_per_head,
+    e4m3_half_step,
+    per_head,
+    quantize_e4m3,
+    quantize_per_head,
+)
 
 on_gpu = torch.cuda.is_available()
 runs_kernels = pytest.mark.skipif(not on_gpu and not kernel_is_interpreted(),
@@ -72,6 +80,21 @@ def test_quantize_rounds_to_nearest_even_and_saturates():
     stored = quantize_e4m3(real, torch.tensor(0.01))
     error = (dequantize(stored, torch.tensor(0.01)) - real).abs()
     assert torch.all(error <= 0.01 * e4m3_half_step(real / 0.01) * (1 + 1e-6))
+
+
+
+def test_per_head_descales_use_each_heads_whole_range():
+    real = torch.randn(2, 64, 3, 16, generator=torch.Generator().manual_seed(4)) * 5
+    real[1, :, 2] = 0.0  # a head of zeros
+    stored, descale = quantize_per_head(real)
+    assert stored.dtype == FP8 and descale.shape == (2, 3) and descale.dtype == torch.float32
+    # Each (batch, head)'s largest magnitude lands on 448 exactly; the zero head stays zero.
+    peak = stored.float().abs().amax(dim=(1, 3))
+    assert torch.equal(peak[0], torch.full((3,), E4M3_MAX)) and peak[1, 2] == 0
+    assert descale[1, 2] == 1e-12 and torch.equal(descale, descale_per_head(real))
+    error = (dequantize(stored, per_head(descale)) - real).abs()
+    allowed = per_head(descale).double() * e4m3_half_step(real.double() / per_head(descale))
+    assert torch.all(error <= allowed * (1 + 1e-6))
 
 
 @triton.jit

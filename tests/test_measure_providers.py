@@ -23,7 +23,7 @@ NO_CUDA = not torch.cuda.is_available()
 def test_registry_lists_every_provider_the_issue_names():
     assert list(PROVIDERS) == ["eager", "eager_typical", "sdpa", "sdpa_flash", "sdpa_efficient",
                                "sdpa_cudnn", "sdpa_math", "flex", "attnlab", "attnlab_decode",
-                               "attnlab_decode_paged16", "flash_attn", "fa4", "fa4_paged16",
+                               "attnlab_decode_paged16", "attnlab_decode_fp8", "flash_attn", "fa4", "fa4_paged16",
                                "flashinfer", "flashinfer_paged16"]
     for p in PROVIDERS.values():
         assert p.phases and set(p.phases) <= {"prefill", "decode", "fwdbwd"}
@@ -158,3 +158,28 @@ def test_inputs_follow_the_provider_layout():
         prov.make_inputs(SMALL, "nhd", "cpu")
     a = prov.make_inputs(SMALL, "bhsd", "cpu", seed=5)[0]
     assert torch.equal(a, prov.make_inputs(SMALL, "bhsd", "cpu", seed=5)[0])
+
+
+def test_the_fp8_decode_provider_stores_an_e4m3_cache_and_is_judged_on_its_values():
+    """attnlab_decode_fp8: the drawn cache quantised per (batch, KV head) before the call,
+    the output judged against float64 on the dequantised cache, not on the bf16 one."""
+    from attnlab.reference.fp8 import quantize_per_head
+
+    shape = AttentionShape(batch=2, query_heads=4, kv_heads=2, seqlen_q=1, seqlen_k=96,
+                           head_dim=32, dtype="bf16", causal=True)
+    p = provider("attnlab_decode_fp8")
+    decode = p.builder(shape, "decode", "cpu")  # prepare() wants CUDA; the builder does not
+    call = prov.PreparedCall(p, shape, "decode", "cpu", decode, decode)
+    q, k8, v8, k_descale, v_descale = inputs = call.inputs(seed=4)
+    drawn = prov.make_inputs(shape, p.input_layout, "cpu", seed=4)
+    assert torch.equal(q, drawn[0]) and call.forward_inputs(inputs) == inputs
+    for stored, descale, real in ((k8, k_descale, drawn[1]), (v8, v_descale, drawn[2])):
+        expected, expected_descale = quantize_per_head(real)
+        assert stored.dtype == torch.float8_e4m3fn and descale.shape == (2, 2)
+        assert torch.equal(stored.view(torch.uint8), expected.view(torch.uint8))
+        assert torch.equal(descale, expected_descale)
+    out = call.forward(*inputs)
+    assert check_output(out, inputs, p, shape).passed
+    # The same output judged on the bf16 cache it was quantised from fails: the check
+    # reads the values the call was given.
+    assert not check_output(out, drawn, provider("attnlab_decode"), shape).passed

@@ -135,15 +135,18 @@ def test_markdown_table_lists_every_case():
     assert "| sdpa_cudnn |" in table and "NO |" not in table
 
 
-def test_a_pass_split_into_chunked_launches_counts_once():
-    from attnlab.measure.compare import merge_chunked_launches
-    from attnlab.measure.ncu import NcuKernel
-
-    def kernel(i, name, read, write):
-        return NcuKernel(id=i, name=name, case="c", grid=None, block=None,
+def parsed_kernel(i, name, read, write, duration_ns=10.0) -> ncu.NcuKernel:
+    """One kernel as the ncu parser returns it, in case "c"."""
+    return ncu.NcuKernel(id=i, name=name, case="c", grid=None, block=None,
                          metrics={"dram__bytes_read.sum": (read, "byte"),
                                   "dram__bytes_write.sum": (write, "byte"),
-                                  "gpu__time_duration.sum": (10.0, "ns")})
+                                  "gpu__time_duration.sum": (duration_ns, "ns")})
+
+
+def test_a_pass_split_into_chunked_launches_counts_once():
+    from attnlab.measure.compare import merge_chunked_launches
+
+    kernel = parsed_kernel
 
     scale = "void at::vectorized_elementwise_kernel<8, MulFunctor<float>>"
     gemm = "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT"
@@ -177,6 +180,59 @@ def test_fp8_decode_prediction_by_hand():
         cm.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="row")
 
 
+DECODE_16x32K = AttentionShape(batch=16, query_heads=32, kv_heads=8, seqlen_q=1,
+                               seqlen_k=32768, head_dim=128, dtype="bf16", causal=True)
+
+
+@pytest.mark.parametrize("shape", [DECODE_16x32K,
+                                   DECODE_16x32K.replace(query_heads=24, kv_heads=4,
+                                                         head_dim=256)], ids=["d128", "d256"])
+def test_an_fp8_cache_halves_the_split_kernels_kv_bytes_and_adds_its_descales(shape):
+    """At one split count: K/V one byte per element plus a K and a V descale per (batch,
+    KV head); Q, the fp32 partials and the combine exactly the bf16 prediction's."""
+    b, hk, n, d = shape.batch, shape.kv_heads, shape.seqlen_k, shape.head_dim
+    kv_bf16, descales = 2 * b * hk * n * d * 2, 2 * b * hk * 4
+    bf16_split, bf16_combine = cm.predict_attnlab_decode(shape, 4)
+    split, combine = cm.predict_attnlab_decode(shape, 4, kv_dtype="fp8", kv_scales="kv-head")
+    assert bf16_split.read_bytes - split.read_bytes == kv_bf16 // 2 - descales
+    assert split.written_bytes == bf16_split.written_bytes == 4 * b * shape.query_heads * (d + 1) * 4
+    assert combine == bf16_combine
+
+
+def test_the_fp8_decode_provider_is_predicted_at_its_own_launch():
+    """compare.predict("attnlab_decode_fp8"): the fp8 cache's bytes at the split count the
+    launcher picks for an fp8 cache (its tiling holds two programs per SM at d = 128: 2
+    splits at 16 x 32k, where the bf16 cache runs one program per KV head, no combine)."""
+    from attnlab.measure.compare import decode_launch
+
+    shape = DECODE_16x32K
+    q, rows = 16 * 32 * 128 * 2, 16 * 32
+    kv_fp8, descales = 2 * 16 * 8 * 32768 * 128, 2 * 16 * 8 * 4
+    assert decode_launch("attnlab_decode", shape) == (1, {})
+    assert decode_launch("attnlab_decode_fp8", shape) == (2, {"kv_dtype": "fp8",
+                                                               "kv_scales": "kv-head"})
+    assert decode_launch("eager", shape) is None
+    (bf16,) = predict("attnlab_decode", shape)
+    assert bf16.read_bytes == q + 2 * kv_fp8 and predict("attnlab", shape) == [bf16]
+    split, combine = predict("attnlab_decode_fp8", shape)
+    assert (split.role, combine.role) == ("split_kv", "combine")
+    assert split.read_bytes == q + kv_fp8 + descales
+    assert split.written_bytes == combine.read_bytes == 2 * rows * (128 * 4 + 4)
+    assert combine.written_bytes == q + rows * 4  # O in bf16, the LSE in fp32
+    # The logical model takes the cache's dtype too: 1-byte K/V read by every split.
+    compared = compare_case("attnlab_decode_fp8", shape, [])
+    logical = compared.logical_bytes
+    assert "fp8 cache" in compared.logical_note and "2 splits" in compared.logical_note
+    assert logical == cm.logical_bytes("attnlab", shape, attnlab_decode_splits=2,
+                                       kv_dtype="fp8")[0]
+    assert logical < cm.logical_bytes("attnlab", shape, attnlab_decode_splits=2)[0] - kv_fp8 // 2
+    one_split, _ = cm.logical_bytes("attnlab", shape, attnlab_decode_splits=1, kv_dtype="fp8")
+    assert cm.logical_bytes("attnlab", shape, attnlab_decode_splits=1)[0] - one_split == \
+        kv_fp8 - descales
+    with pytest.raises(ValueError, match="cache dtype for attnlab's decode kernel only"):
+        cm.logical_bytes("sdpa_cudnn", shape, kv_dtype="fp8")
+
+
 def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
     from attnlab.model.cache import FusedTiling, Launch, predict_attnlab_backward
 
@@ -195,3 +251,42 @@ def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
     assert dkdv.written_bytes == 2 * kv
     # Small outputs stay in L2 at the end: retained, not counted as DRAM writes.
     assert dq.write_bytes == dkdv.write_bytes == 0
+
+
+def test_per_kernel_rows_compare_each_launch_and_list_what_the_model_lacks():
+    """kernel_rows / kernel_markdown_table on a parsed ncu kernel list made up here: the
+    split kernel 10% over the prediction, the combine 40% under, one kernel the model
+    does not contain; and a case whose combine ncu never saw."""
+    from attnlab.measure.compare import kernel_markdown_table, kernel_rows
+
+    def kernel(i, name, read, write):
+        return parsed_kernel(i, name, read, write, duration_ns=1000.0 + i)
+
+    shape = DECODE_16x32K
+    split, combine = predict("attnlab_decode_fp8", shape)
+    measured = [kernel(0, "_split_kv_decode", 1.1 * split.total_bytes, 0),
+                kernel(1, "_combine_partials", 0.36 * combine.total_bytes,
+                       0.24 * combine.total_bytes),
+                kernel(2, "void at::native::vectorized_elementwise_kernel<FillFunctor>", 64, 64)]
+    full = compare_case("attnlab_decode_fp8", shape, measured)
+    short = compare_case("attnlab_decode_fp8", shape, measured[:1])
+    rows = kernel_rows([full, short])
+    assert [(r["provider"], r["role"]) for r in rows] == [("attnlab_decode_fp8", role) for role in
+                                                          ("split_kv", "combine", "mask_build",
+                                                           "split_kv", "combine")]
+    first, second, extra, _, unseen = rows
+    assert first["measured"] == "_split_kv_decode" and first["shape"] == shape.as_dict()
+    assert first["measured_bytes"] == round(1.1 * split.total_bytes)
+    assert first["predicted_bytes"] == split.total_bytes
+    assert first["relative_error"] == pytest.approx(1 / 1.1 - 1) and first["within_goal"]
+    assert first["duration_ns"] == 1000.0
+    assert second["relative_error"] == pytest.approx(1 / 0.6 - 1, rel=1e-5) and not second["within_goal"]
+    assert extra["predicted"] is None and extra["relative_error"] is None
+    assert not extra["within_goal"] and extra["measured_bytes"] == 128
+    assert unseen["measured"] is None and unseen["measured_bytes"] is None
+    assert unseen["predicted"]["read_bytes"] == combine.read_bytes and not unseen["within_goal"]
+    table = kernel_markdown_table([full, short]).splitlines()
+    assert len(table) == 2 + len(rows)
+    assert table[2].endswith("| -9.1% | yes |") and table[3].endswith("| +66.7% | NO |")
+    assert "| mask_build (not modelled) |" in table[4] and table[4].endswith("| n/a | NO |")
+    assert "| combine (not measured) | n/a / n/a |" in table[6]

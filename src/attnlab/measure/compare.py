@@ -36,34 +36,50 @@ _ROLE_PATTERNS = (
 )
 
 
-# Providers the cache model predicts: the peers from their shape, attnlab from its
-# kernel's tile configuration for the shape (the model itself never imports kernels).
-PREDICTED_PROVIDERS = (*cache_model.PREDICTORS, "attnlab")
+# The decode API's providers and the cache each stores, as the byte model takes it
+# (measure.providers: attnlab_decode_fp8 quantises per (batch, KV head)).
+DECODE_API_CACHES: dict[str, dict] = {
+    "attnlab_decode": {},
+    "attnlab_decode_fp8": {"kv_dtype": "fp8", "kv_scales": "kv-head"},
+}
+# Providers the cache model predicts: the peers from their shape, attnlab's from its
+# kernels' tile configurations for the shape (the model itself never imports kernels).
+PREDICTED_PROVIDERS = (*cache_model.PREDICTORS, "attnlab", *DECODE_API_CACHES)
 
 
-def attnlab_decode_splits(shape: AttentionShape,
-                          hw: cache_model.CacheHardware = cache_model.H200) -> int | None:
-    """The split count of attnlab's decode kernel when the API routes this call to it
-    (short queries against a long cache, attnlab.api), else None."""
+def decode_launch(provider: str, shape: AttentionShape,
+                  hw: cache_model.CacheHardware = cache_model.H200) -> tuple[int, dict] | None:
+    """(split count, cache storage) when ``provider``'s call runs attnlab's split-KV decode
+    kernel -- the decode API's always, ``attnlab``'s when the API routes it there (short
+    queries against a long cache) -- else None.  The count is the launcher's for the
+    cache's dtype: an fp8 cache has a tiling of its own, so a split count of its own."""
     from attnlab.kernels.decode import launch_plan
     from attnlab.kernels.dispatch import routes_to_decode
 
-    if not routes_to_decode(seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k, needs_grad=False):
+    if provider in DECODE_API_CACHES:
+        cache = DECODE_API_CACHES[provider]
+    elif provider == "attnlab" and routes_to_decode(seqlen_q=shape.seqlen_q,
+                                                    seqlen_k=shape.seqlen_k, needs_grad=False):
+        cache = {}
+    else:
         return None
-    return launch_plan(batch=shape.batch, kv_heads=shape.kv_heads, query_heads=shape.query_heads,
+    plan = launch_plan(batch=shape.batch, kv_heads=shape.kv_heads, query_heads=shape.query_heads,
                        seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
-                       head_dim=shape.head_dim, sm_count=hw.sm_count)["num_splits"]
+                       head_dim=shape.head_dim, sm_count=hw.sm_count,
+                       fp8_cache=cache.get("kv_dtype") == "fp8")
+    return plan["num_splits"], cache
 
 
 def predict(provider: str, shape: AttentionShape,
             hw: cache_model.CacheHardware = cache_model.H200) -> list[cache_model.PredictedKernel]:
     """The cache model's kernels for one provider call, in launch order."""
+    launch = decode_launch(provider, shape, hw)
+    if launch is not None:
+        splits, cache = launch
+        return cache_model.predict_attnlab_decode(shape, splits, hw, **cache)
     if provider == "attnlab":
         from attnlab.kernels.configs import forward_config, head_dim_padded
 
-        splits = attnlab_decode_splits(shape, hw)
-        if splits is not None:
-            return cache_model.predict_attnlab_decode(shape, splits, hw)
         config = forward_config(shape)
         return cache_model.predict_attnlab(
             shape, hw, block_m=config.block_m, block_n=config.block_n,
@@ -164,6 +180,37 @@ class KernelPair:
     measured: NcuKernel | None
     predicted: cache_model.PredictedKernel | None
 
+    @property
+    def measured_bytes(self) -> int | None:
+        """DRAM bytes read + written; None when ncu did not see the kernel (or its reads)."""
+        if self.measured is None or self.measured.dram_bytes_read is None:
+            return None
+        return self.measured.dram_bytes_read + (self.measured.dram_bytes_write or 0)
+
+    @property
+    def relative_error(self) -> float | None:
+        """(predicted - measured) / measured; None without both sides (or measured 0)."""
+        measured = self.measured_bytes
+        if self.predicted is None or not measured:
+            return None
+        return (self.predicted.total_bytes - measured) / measured
+
+    @property
+    def meets_goal(self) -> bool:
+        error = self.relative_error
+        return error is not None and abs(error) <= GOAL_RELATIVE_ERROR
+
+    def as_row(self) -> dict:
+        m, p = self.measured, self.predicted
+        return {"role": self.role, "measured": None if m is None else m.name,
+                "measured_read_bytes": None if m is None else m.dram_bytes_read,
+                "measured_write_bytes": None if m is None else m.dram_bytes_write,
+                "measured_bytes": self.measured_bytes,
+                "duration_ns": None if m is None else m.duration_ns,
+                "predicted": None if p is None else p.as_dict(),
+                "predicted_bytes": None if p is None else p.total_bytes,
+                "relative_error": self.relative_error, "within_goal": self.meets_goal}
+
 
 @dataclass
 class CaseComparison:
@@ -213,6 +260,12 @@ class CaseComparison:
         return (self.logical_bytes - self.measured_total) / self.measured_total
 
     @property
+    def kernel_pairs(self) -> list[KernelPair]:
+        """Every kernel of the case: the predicted ones, measured or not, then the measured
+        ones the model lacks (no prediction)."""
+        return [*self.pairs, *(KernelPair(kernel_role(k.name), k, None) for k in self.unmodelled)]
+
+    @property
     def kernels_match(self) -> bool:
         return all(p.measured is not None and p.predicted is not None for p in self.pairs)
 
@@ -232,13 +285,7 @@ class CaseComparison:
             "kernels_match": self.kernels_match,
             "logical_bytes": self.logical_bytes, "logical_note": self.logical_note,
             "logical_relative_error": self.logical_relative_error,
-            "kernels": [{"role": p.role,
-                         "measured": None if p.measured is None else p.measured.name,
-                         "measured_read_bytes": p.measured.dram_bytes_read if p.measured else None,
-                         "measured_write_bytes": p.measured.dram_bytes_write if p.measured
-                         else None,
-                         "predicted": None if p.predicted is None else p.predicted.as_dict()}
-                        for p in self.pairs],
+            "kernels": [p.as_row() for p in self.pairs],
             "unmodelled_kernels": [k.name for k in self.unmodelled],
         }
 
@@ -286,17 +333,22 @@ def compare_case(provider: str, shape: AttentionShape, kernels: Sequence[NcuKern
         role, kernel = remaining.pop(index)
         pairs.append(KernelPair(role, kernel, prediction))
     unmodelled = [kernel for _, kernel in remaining]
+    launch = decode_launch(provider, shape, hw)
     try:
-        splits = attnlab_decode_splits(shape, hw) if provider == "attnlab" else None
-        logical, note = cache_model.logical_bytes(provider, shape, hw,
-                                                  attnlab_decode_splits=splits)
+        if launch is None:
+            logical, note = cache_model.logical_bytes(provider, shape, hw)
+        else:  # the decode API's providers run attnlab's decode kernel too
+            splits, cache = launch
+            logical, note = cache_model.logical_bytes("attnlab", shape, hw,
+                                                      attnlab_decode_splits=splits,
+                                                      kv_dtype=cache.get("kv_dtype"))
     except ValueError as error:  # a shape the logical model does not cover
         logical, note = None, f"logical model unavailable: {error}"
     return CaseComparison(provider, shape, pairs, logical, note, unmodelled)
 
 
-def _mb(value: int | None) -> str:
-    return "n/a" if value is None else f"{value / 1e6:,.1f}"
+def _mb(value: int | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value / 1e6:,.{digits}f}"
 
 
 def _pct(value: float | None) -> str:
@@ -320,6 +372,29 @@ def markdown_table(comparisons: Sequence[CaseComparison]) -> str:
             f"{_mb(c.predicted_read)} / {_mb(c.predicted_write)} | {_pct(c.relative_error)} | "
             f"{_mb(c.logical_bytes)} | {_pct(c.logical_relative_error)} | "
             f"{'yes' if c.meets_goal else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def kernel_rows(comparisons: Sequence[CaseComparison]) -> list[dict]:
+    """One row per kernel of every case (:attr:`CaseComparison.kernel_pairs`): the case,
+    measured and predicted DRAM bytes, the relative error, whether it is within the goal."""
+    return [{"provider": c.provider, "shape": c.shape.as_dict(), **pair.as_row()}
+            for c in comparisons for pair in c.kernel_pairs]
+
+
+def kernel_markdown_table(comparisons: Sequence[CaseComparison]) -> str:
+    """The per-kernel predicted-vs-measured table (MB = 10^6 bytes, DRAM, one launch)."""
+    lines = ["| provider | shape | kernel | measured R / W (MB) | cache-aware R / W (MB) | "
+             "error | within 15% |", "|---|---|---|---|---|---|---|"]
+    for c in comparisons:
+        for pair in c.kernel_pairs:
+            m, p = pair.measured, pair.predicted
+            missing = " (not measured)" if m is None else " (not modelled)" if p is None else ""
+            lines.append(
+                f"| {c.provider} | {c.shape.describe()} | {pair.role}{missing} | "
+                f"{_mb(m and m.dram_bytes_read, 2)} / {_mb(m and m.dram_bytes_write, 2)} | "
+                f"{_mb(p and p.read_bytes, 2)} / {_mb(p and p.write_bytes, 2)} | "
+                f"{_pct(pair.relative_error)} | {'yes' if pair.meets_goal else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -42,11 +42,19 @@ Providers (``PROVIDERS`` lists them in this order):
   ``BatchDecodeWithPagedKVCacheWrapper``.  Wrappers are built and planned by the builder,
   outside the timed region; the timed call is ``run`` (or the single-request function).
 - ``attnlab_decode_paged16``: attnlab's decode API on the same 16-token pages.
+- ``attnlab_decode_fp8``: attnlab's decode API on an e4m3 copy of the same cache with
+  per-(batch, KV head) descales (:func:`attnlab.reference.fp8.quantize_per_head`), made
+  outside the timed call (the provider's ``storage``); checked against float64 on the
+  dequantised cache, the fp8 cache's accuracy rule.
 - ``flash_attn``: flash-attn 2 (``flash_attn.flash_attn_func``), when importable.
 
 The paged providers view the contiguous cache as 16-token pages with an identity page
 table (sequence b's page j is page ``b * pages + j``): the kernels take their paged code
 path over the same bytes, so the float64 check applies unchanged.
+
+A provider whose call takes its inputs stored otherwise than :func:`make_inputs` draws
+them (an fp8 cache) has a :class:`Storage`: what it stores, made before the call, and
+what those stored values mean, the inputs its output is checked against.
 
 Each provider may name its kernels (``kernels``: plain-text pieces of kernel names); a
 profiled call must launch one of them (:func:`unproven_kernels`), so a record never
@@ -89,6 +97,16 @@ class ProviderUnavailable(ValueError):
 
 
 @dataclass(frozen=True)
+class Storage:
+    """How a provider's call holds its inputs: ``store(q, k, v)`` gives the call's
+    arguments (made outside the timed call), ``values(*arguments)`` the (q, k, v) they
+    stand for; both batch-major, so the check may judge the first sequences alone."""
+
+    store: Callable
+    values: Callable
+
+
+@dataclass(frozen=True)
 class Provider:
     name: str
     description: str
@@ -100,6 +118,7 @@ class Provider:
     checker: Callable | None = None  # (shape, phase) -> reason or None
     pin: Callable | None = None      # () -> context manager the calls must run inside
     kernels: tuple[str, ...] = ()    # pieces of its kernels' names, one must have run
+    storage: Storage | None = None   # inputs stored otherwise than drawn (inference only)
 
     def reason(self, shape: AttentionShape, phase: str, device: str) -> str | None:
         """Why this provider cannot run here, or None when it can (as far as we can tell
@@ -398,7 +417,12 @@ def _build_attnlab_decode(shape: AttentionShape, phase: str, device):
 
     with_kvcache = attnlab.flash_attn_with_kvcache
     causal, scale = shape.causal, _scale(shape)
-    return lambda q, k, v: with_kvcache(q, k, v, causal=causal, softmax_scale=scale)
+
+    def decode(q, k, v, k_descale=None, v_descale=None):
+        return with_kvcache(q, k, v, causal=causal, softmax_scale=scale, k_descale=k_descale,
+                            v_descale=v_descale)
+
+    return decode
 
 
 def _check_attnlab_decode(shape: AttentionShape, phase: str) -> str | None:
@@ -421,6 +445,25 @@ def _build_attnlab_decode_paged(shape: AttentionShape, phase: str, device):
 
 def _check_attnlab_decode_paged(shape: AttentionShape, phase: str) -> str | None:
     return _pages_reason(shape, phase) or _check_attnlab_decode(shape, phase)
+
+
+def _store_fp8_cache(q, k, v) -> tuple:
+    """(q, K and V as e4m3, their (batch, KV head) descales): the decode call's arguments."""
+    from attnlab.reference.fp8 import quantize_per_head
+
+    (k8, k_descale), (v8, v_descale) = quantize_per_head(k), quantize_per_head(v)
+    return q, k8, v8, k_descale, v_descale
+
+
+def _fp8_cache_values(q, k8, v8, k_descale, v_descale) -> tuple:
+    """q and the real cache the e4m3 one holds, in float64 (the yardstick stays q's dtype:
+    :func:`attnlab.accuracy.check_fp8_cache_accuracy`'s rule)."""
+    from attnlab.reference.fp8 import dequantize, per_head
+
+    return q, dequantize(k8, per_head(k_descale)), dequantize(v8, per_head(v_descale))
+
+
+FP8_CACHE = Storage(_store_fp8_cache, _fp8_cache_values)
 
 
 # ----- external libraries ----------------------------------------------------------------------
@@ -643,6 +686,10 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     Provider("attnlab_decode_paged16", "attnlab's decode API on 16-token pages (block_table)",
              ("decode",), True, "bshd", "bshd", _build_attnlab_decode_paged,
              _check_attnlab_decode_paged, kernels=("_split_kv_decode",)),
+    Provider("attnlab_decode_fp8", "attnlab's decode API on an e4m3 copy of the cache "
+             "(per-(batch, KV head) descales, quantised outside the timed call)",
+             ("decode",), True, "bshd", "bshd", _build_attnlab_decode, _check_attnlab_decode,
+             kernels=("_split_kv_decode",), storage=FP8_CACHE),
     Provider("flash_attn", "flash-attn 2 (flash_attn_func; flash_attn_with_kvcache for decode)",
              _FORWARD_PHASES, True, "bshd", "bshd", _build_flash_attn, _check_flash_attn),
     Provider("fa4", "FlashAttention-4 (flash_attn.cute.flash_attn_func; compiled on the first "
@@ -794,9 +841,16 @@ class PreparedCall:
             self.unpinned_call = self.call
 
     def inputs(self, seed: int = 0) -> tuple:
-        return make_inputs(self.shape, self.provider.input_layout, self.device, seed=seed,
-                           requires_grad=self.phase == "fwdbwd",
-                           grad_layout=self.provider.output_layout)
+        """The call's arguments: (q, k, v) [+ dO] drawn, stored as the provider stores them."""
+        drawn = make_inputs(self.shape, self.provider.input_layout, self.device, seed=seed,
+                            requires_grad=self.phase == "fwdbwd",
+                            grad_layout=self.provider.output_layout)
+        storage = self.provider.storage
+        return drawn if storage is None else storage.store(*drawn)
+
+    def forward_inputs(self, inputs: tuple) -> tuple:
+        """What ``forward`` takes of the call's arguments: all but fwdbwd's dO."""
+        return inputs[:-1] if self.phase == "fwdbwd" else inputs
 
 
 def prepare(p: Provider, shape: AttentionShape, phase: str, device: str) -> PreparedCall:

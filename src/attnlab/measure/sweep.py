@@ -88,12 +88,16 @@ def check_output(out, inputs: tuple, p: Provider, shape: AttentionShape, *,
     so those rows alone are the same problem with a shorter query (no LSE: not every
     provider returns one).  ``batches``: judge only the first that many sequences (each
     is its own problem; the float64 oracle of a 16 x 128k decode would not fit a GPU).
+    ``inputs`` are the call's arguments: a provider that stores them otherwise (an fp8
+    cache) is judged on the values they stand for (its ``storage``).
     """
     from attnlab.accuracy import check_accuracy
 
     if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int)
                                 or batches < 1):
         raise ValueError(f"batches must be an int >= 1 or None (all), got {batches!r}")
+    if p.storage is not None:  # batch-major arguments: the judged sequences alone
+        inputs = p.storage.values(*(t.detach()[:batches] for t in inputs))
     q, k, v = (to_bhsd(t.detach(), p.input_layout)[:batches] for t in inputs[:3])
     out = to_bhsd(out.detach(), p.output_layout)[:batches]
     rows = min(rows, shape.seqlen_q)
@@ -187,8 +191,8 @@ def measure_point(p: Provider, shape: AttentionShape, phase: str, *, device: str
         return skip(str(error).split(": ", 1)[-1])
     try:
         inputs = call.inputs(seed=0)
-        check = check_output(call.forward(*inputs[:3]), inputs, p, shape, rows=check_rows,
-                             batches=check_batches)
+        check = check_output(call.forward(*call.forward_inputs(inputs)), inputs, p, shape,
+                             rows=check_rows, batches=check_batches)
         if not check.passed:
             return skip(f"wrong result: max error {check.error:.3g} on the last {check.rows} "
                         f"query rows > allowed {check.allowed:.3g}", check)

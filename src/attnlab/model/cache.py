@@ -499,13 +499,18 @@ def predict(provider: str, shape: AttentionShape,
 
 # ----- the logical model, for the side-by-side table ---------------------------------------------
 def logical_bytes(provider: str, shape: AttentionShape, hw: CacheHardware = H200, *,
-                  attnlab_decode_splits: int | None = None) -> tuple[int, str]:
+                  attnlab_decode_splits: int | None = None,
+                  kv_dtype: str | None = None) -> tuple[int, str]:
     """(read + written bytes, what was counted) of the logical, no-cache model.
 
     ``attnlab_decode_splits``: the split count when attnlab runs the call on its
-    split-KV decode kernel (the caller knows the launcher; this module does not)."""
+    split-KV decode kernel (the caller knows the launcher; this module does not);
+    ``kv_dtype``: that kernel's cache storage (:func:`predict_attnlab_decode`'s)."""
     traffic = logical_traffic
     s = _check(shape)
+    if kv_dtype is not None and (provider != "attnlab" or attnlab_decode_splits is None):
+        raise ValueError(f"the logical model takes a cache dtype for attnlab's decode kernel "
+                         f"only, not {provider!r}")
     if provider == "eager":
         model = traffic.naive_traffic(s.replace(causal=False, window=(-1, -1)), kernels=4,
                                       scope="layer")
@@ -533,14 +538,16 @@ def logical_bytes(provider: str, shape: AttentionShape, hw: CacheHardware = H200
         return model.total_bytes, "fused forward 128 x 128, K/V once per query tile"
     if provider == "attnlab" and attnlab_decode_splits is not None:
         tiles = s.replace(block_m=64, block_n=128)  # one packed row block per KV head
+        cache = ", fp8 cache" if traffic.is_fp8_cache(kv_dtype) else ""
         if attnlab_decode_splits == 1:
             model = traffic.fused_forward_traffic(tiles, write_lse=True, scope="layer",
-                                                  pack_gqa=True)
-            return model.total_bytes, "split-KV decode, 1 split, query heads packed"
+                                                  pack_gqa=True, kv_dtype=kv_dtype)
+            return model.total_bytes, f"split-KV decode, 1 split, query heads packed{cache}"
         model = traffic.flash_decoding_traffic(tiles, num_splits=attnlab_decode_splits,
-                                               pack_gqa=True, write_lse=True, scope="layer")
+                                               pack_gqa=True, write_lse=True, scope="layer",
+                                               kv_dtype=kv_dtype)
         return model.total_bytes, (f"Flash-Decoding, {attnlab_decode_splits} splits, query "
-                                   "heads packed, no cache reuse")
+                                   f"heads packed, no cache reuse{cache}")
     if provider == "attnlab":
         model = traffic.fused_forward_traffic(s, write_lse=True, scope="layer")
         return model.total_bytes, "fused forward, K/V once per query tile"

@@ -263,6 +263,21 @@ def naive_causal_traffic(shape: AttentionShape, *, triangle: str = "half",
 
 
 # ----- FlashAttention-2 forward -------------------------------------------------------
+def kv_element_bytes(shape: AttentionShape, kv_dtype: str | None) -> int:
+    """Bytes per K/V element: the cache's dtype (``fp8``: 1) or, None, the shape's."""
+    return shape.element_bytes if kv_dtype is None else KV_DTYPE_BYTES[canonical_kv_dtype(kv_dtype)]
+
+
+def is_fp8_cache(kv_dtype: str | None) -> bool:
+    return kv_dtype is not None and canonical_kv_dtype(kv_dtype) == "fp8"
+
+
+def descale_reads(kv_dtype: str | None, programs: int) -> dict[str, int]:
+    """An fp8 cache's descales as reads: a K and a V factor (fp32) for every program that
+    streams K/V (logical: none shared); nothing for a cache in a float dtype."""
+    return {"K/V descales (fp32)": programs * 2 * STATS_BYTES} if is_fp8_cache(kv_dtype) else {}
+
+
 def kv_rows_streamed(shape: AttentionShape) -> int:
     """K (or V) rows one head's fused forward loads, summed over its query tiles."""
     return tile_plan(check_shape(shape)).kv_rows_loaded()
@@ -270,7 +285,7 @@ def kv_rows_streamed(shape: AttentionShape) -> int:
 
 def fused_forward_traffic(shape: AttentionShape, *, write_lse: bool = False,
                           pack_gqa: bool = False, scope: str = "head",
-                          layers: int | None = None) -> Traffic:
+                          layers: int | None = None, kv_dtype: str | None = None) -> Traffic:
     """FlashAttention-2 forward: Q read once, O written once, K/V once per query tile.
 
     Each query tile loads every KV tile holding a key one of its rows may see (the
@@ -279,7 +294,8 @@ def fused_forward_traffic(shape: AttentionShape, *, write_lse: bool = False,
     (4 bytes per query row; the backward needs it).  ``pack_gqa``: the query heads
     sharing a KV head are processed in one pass over its K/V (each query tile holds
     block_m positions of all of them), so K/V are read once per KV head instead of
-    once per query head.
+    once per query head.  ``kv_dtype``: the K/V storage (default the shape's; ``fp8``:
+    e4m3, 1 byte, each query tile's program also reading a K and a V descale).
     """
     check_shape(shape)
     _check_flag(write_lse, "write_lse")
@@ -290,7 +306,9 @@ def fused_forward_traffic(shape: AttentionShape, *, write_lse: bool = False,
     kv_passes = s.batch * (s.kv_heads if pack_gqa else s.query_heads)
     act = s.head_dim * s.element_bytes
     q_bytes = q_heads * s.seqlen_q * act
-    kv_bytes = kv_passes * kv_rows_streamed(s) * act
+    kv_bytes = kv_passes * kv_rows_streamed(s) * s.head_dim * kv_element_bytes(s, kv_dtype)
+    reads = {"Q": q_bytes, "K": kv_bytes, "V": kv_bytes,
+             **descale_reads(kv_dtype, kv_passes * tile_plan(s).query_tile_count)}
     writes = {"O": q_bytes}
     if write_lse:
         writes["LSE"] = q_heads * s.seqlen_q * STATS_BYTES
@@ -301,10 +319,11 @@ def fused_forward_traffic(shape: AttentionShape, *, write_lse: bool = False,
     return Traffic(
         variant="fa2-forward",
         label=f"FlashAttention-2 forward, {condition}"
-              + (", GQA packed" if pack_gqa and s.group_size > 1 else ""),
+              + (", GQA packed" if pack_gqa and s.group_size > 1 else "")
+              + (", fp8 (e4m3) KV cache" if is_fp8_cache(kv_dtype) else ""),
         scope=sc.name, condition=condition, shape=shape, layers=sc.layers,
         kernels=(sc.kernel(f"fused attention forward (B_r={s.block_m}, B_c={s.block_n})",
-                           {"Q": q_bytes, "K": kv_bytes, "V": kv_bytes}, writes, kernel_flops),),
+                           reads, writes, kernel_flops),),
         assumptions=("S and P never reach HBM",
                      "K/V re-read from HBM for every query tile (no L2 reuse)",
                      "fully future KV tiles skipped; diagonal tiles loaded and masked",
@@ -323,10 +342,6 @@ def gqa_kv_bytes(shape: AttentionShape, *, scope: str = "layer",
 
 
 # ----- Flash-Decoding ------------------------------------------------------------------
-def kv_element_bytes(shape: AttentionShape, kv_dtype: str | None) -> int:
-    """Bytes per K/V element: the cache's dtype (``fp8``: 1) or, None, the shape's."""
-    return shape.element_bytes if kv_dtype is None else KV_DTYPE_BYTES[canonical_kv_dtype(kv_dtype)]
-
 
 def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: bool = True,
                            write_lse: bool = False, scope: str = "layer",
@@ -355,7 +370,7 @@ def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: 
     kv_passes = s.batch * (s.kv_heads if pack_gqa else s.query_heads)
     act = s.head_dim * s.element_bytes
     kv_act = s.head_dim * kv_element_bytes(s, kv_dtype)
-    fp8 = kv_dtype is not None and canonical_kv_dtype(kv_dtype) == "fp8"
+    fp8 = is_fp8_cache(kv_dtype)
     kv_rows = sum(plan.kv_rows_loaded(r.start, r.stop) for r in splits)
     q_rows_read = sum(plan.query_rows_loading(r.start, r.stop) for r in splits)
     partial_o = num_splits * q_heads * s.seqlen_q * s.head_dim * PARTIAL_BYTES
@@ -370,10 +385,9 @@ def flash_decoding_traffic(shape: AttentionShape, *, num_splits: int, pack_gqa: 
         combine_writes["LSE"] = q_heads * s.seqlen_q * STATS_BYTES
     condition = mask_condition(shape)
     split_reads = {"Q": q_heads * q_rows_read * act,
-                   "K": kv_passes * kv_rows * kv_act, "V": kv_passes * kv_rows * kv_act}
-    if fp8:  # one k and one v descale per split program (per KV pass and query tile)
-        split_reads["K/V descales (fp32)"] = (kv_passes * num_splits * plan.query_tile_count
-                                              * 2 * STATS_BYTES)
+                   "K": kv_passes * kv_rows * kv_act, "V": kv_passes * kv_rows * kv_act,
+                   # one split program per KV pass, split and query tile
+                   **descale_reads(kv_dtype, kv_passes * num_splits * plan.query_tile_count)}
     return Traffic(
         variant="flash-decoding",
         label=f"Flash-Decoding, {num_splits} splits, {condition}"

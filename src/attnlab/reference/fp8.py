@@ -10,6 +10,8 @@ becomes +-448, a NaN stays NaN: what the GPU's ``cvt.rn.satfinite`` does).
 These are the one definition: the reference KV-cache path quantises new keys and values
 with :func:`quantize_e4m3` (the Triton append kernel, kernels/append.py, stores the same
 bytes, tested bit for bit), and the oracle reads an fp8 tensor through :func:`dequantize`.
+A cache of real values is stored with :func:`quantize_per_head` (descales that use each
+head's whole e4m3 range): the fp8 benchmarks and the measurement harness's fp8 provider.
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ def quantize_e4m3(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
     under CUDA-graph capture."""
     scaled = x.to(torch.float32) / descale.to(torch.float32)
     return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def descale_per_head(x: torch.Tensor) -> torch.Tensor:
+    """The (batch, heads) descales of a (batch, seqlen, heads, d) tensor that put each
+    head's largest magnitude at :data:`E4M3_MAX`: the whole e4m3 range used, nothing
+    saturated (a head of zeros gets 1e-12, not a zero to divide by)."""
+    return (x.to(torch.float32).abs().amax(dim=(1, 3)) / E4M3_MAX).clamp_min(1e-12)
+
+
+def quantize_per_head(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x as float8_e4m3fn, its (batch, heads) descales): :func:`quantize_e4m3` with
+    :func:`descale_per_head`, what an fp8 cache of real values holds."""
+    descale = descale_per_head(x)
+    return quantize_e4m3(x, per_head(descale)), descale
 
 
 def dequantize(x: torch.Tensor, descale: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
