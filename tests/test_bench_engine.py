@@ -199,14 +199,19 @@ def test_records_are_written_with_the_environment_captured_once(tmp_path, monkey
     bench.phase("two")(lambda ctx: ctx.upsert("r.jsonl", [
         record(ctx, 2.0), rec.skipped_record(provider="late", phase="prefill", shape=shape,
                                              reason=BUDGET_SPENT, env=ctx.env)]))
+    # A phase's own rows carry the environment too (tuning logs, comparison rows).
+    bench.phase("rows")(lambda ctx: ctx.write_rows("rows.jsonl", [{"what": "x", **ctx.env}]))
     out = tmp_path / "o"
     assert bench.main(["--out", str(out), "--budget", "600"]) == 0
     stored = rec.load_records(out / "r.jsonl")
     assert [r["provider"] for r in stored] == ["one", "two", "late"]
     assert len(calls) == 1
-    assert calls[0] == f"PYTHONPATH=src python3 bench/fake.py --out {out} --budget 600"
-    # Stored relative to the records' folder: no path of the measuring machine.
-    assert {r["command"] for r in stored} == {calls[0].replace(str(out), ".")}
+    # Captured relative to the output folder: no path of the measuring machine, in the
+    # records and in every row written with the environment.
+    assert calls[0] == "PYTHONPATH=src python3 bench/fake.py --out . --budget 600"
+    assert {r["command"] for r in stored} == {calls[0]}
+    row = json.loads((out / "rows.jsonl").read_text())
+    assert row["command"] == calls[0] and str(tmp_path) not in json.dumps(row)
     assert stored[0]["gpu"] == "cpu"
     assert rec.csv_path(out / "r.jsonl").exists()  # the CSV twin
     assert rec.describe_environment(stored[0]) in capsys.readouterr().err

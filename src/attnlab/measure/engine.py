@@ -106,7 +106,10 @@ class Context:
         if self._env is None:
             from attnlab.measure import records as rec
 
-            self._env = rec.environment(self.command)
+            # Paths in the command relative to the output folder, as records' are: every
+            # row and file a phase writes with the environment (not only the records,
+            # which upsert makes portable) names no path of the machine that ran it.
+            self._env = rec.environment(rec.portable_command(self.command, self.out_dir))
             say(rec.describe_environment(self._env))
         return self._env
 
