@@ -57,7 +57,7 @@ def check_dense(out, lse, q, k, v, **options):
 
 # ----- the split-count policy (pure arithmetic) -------------------------------------------
 def test_wave_arithmetic_examples_in_the_docstring():
-    h200 = dict(sm_count=132, ctas_per_sm=1)  # the tuned d = 128 tiling: 128-key steps
+    h200 = dict(sm_count=132, ctas_per_sm=1, block_n=128)  # the tuned d = 128 tiling
     assert choose_num_splits(batch=1, kv_heads=8, row_blocks=1, kv_tiles=256, **h200) == 14
     assert choose_num_splits(batch=16, kv_heads=8, row_blocks=1, kv_tiles=256, **h200) == 1
     assert choose_num_splits(batch=64, kv_heads=8, row_blocks=1, kv_tiles=1024, **h200) == 1

@@ -252,8 +252,8 @@ def _split_kv_decode(
             start, end = full_hi, hi
         acc, l_i, m_i, bad = _decode_tiles(
             acc, l_i, m_i, bad, q, k_base, v_base, block_table_row, ERRORS, off_b, num_pages,
-            q_unscale, stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, start, end, seqlen_k,
-            diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
+            q_unscale, stride_kb, stride_kn, stride_vb, stride_vn, offs_m, offs_d, start, end,
+            seqlen_k, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
             BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, stage != 1, HAS_LEFT,
             HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, PER_PAGE, ROW_SCALED_Q)
 

@@ -179,7 +179,7 @@ def wave_efficiency(blocks: int, slots: int) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def choose_num_splits(*, batch: int, kv_heads: int, row_blocks: int, kv_tiles: int,
-                      sm_count: int, ctas_per_sm: int, block_n: int = 128) -> int:
+                      sm_count: int, ctas_per_sm: int, block_n: int) -> int:
     """Split count for one launch: enough programs to fill the GPU's program slots.
 
     ``kv_tiles`` is the longest sequence's key tiles (an upper bound is fine: every
