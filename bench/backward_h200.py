@@ -703,15 +703,6 @@ NCU_SHAPES = (AttentionShape(batch=4, query_heads=16, kv_heads=16, seqlen_q=4096
                              head_dim=128, dtype="bf16", causal=True),
               AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=4096, seqlen_k=4096,
                              head_dim=256, dtype="bf16", causal=True))
-# The kernels of one fwd+bwd call, by the name's part: the forward (Triton or Gluon),
-# then the backward's two launches.
-NCU_ROLES = (("backward_dkdv", "_attn_bwd_dkdv"), ("backward_dq", "_attn_bwd_dq"),
-             ("forward", "_attn_fwd"))
-
-
-def ncu_role(name: str) -> str | None:
-    return next((role for role, part in NCU_ROLES if part in name), None)
-
 
 def phase_ncu(ctx) -> None:
     """Nsight Compute's DRAM bytes of attnlab's forward and two backward kernels (one
@@ -725,9 +716,9 @@ def phase_ncu(ctx) -> None:
     from attnlab.measure.compare import (
         GOAL_RELATIVE_ERROR,
         attnlab_backward_plan,
+        compare_case,
         logical_backward,
         ncu_records,
-        predict,
         predict_backward,
     )
     from attnlab.model.traffic import fused_forward_traffic
@@ -757,16 +748,15 @@ def phase_ncu(ctx) -> None:
     by_case = ncu.group_by_case(ncu.join_preceding_case(run.kernels))
     for shape in ctx.plan:
         plan = attnlab_backward_plan(shape)
-        forward_logical = fused_forward_traffic(shape, write_lse=True, scope="layer")
-        predicted = {"forward": (predict("attnlab", shape)[0],
-                                 forward_logical.kernels[0].total_bytes)}
-        for kernel, logical in zip(predict_backward(shape), logical_backward(shape).kernels,
+        comparison = compare_case("attnlab", shape, by_case.get(
+            ncu.case_label("attnlab", ncu.FWDBWD_PHASE, shape), []), phase=ncu.FWDBWD_PHASE)
+        logical = {"attention": fused_forward_traffic(shape, write_lse=True,
+                                                      scope="layer").kernels[0].total_bytes}
+        for kernel, traffic in zip(predict_backward(shape), logical_backward(shape).kernels,
                                    strict=True):
-            predicted[kernel.role] = (kernel, logical.total_bytes)
-        measured = {ncu_role(k.name): k for k in
-                    by_case.get(ncu.case_label("attnlab", "fwdbwd", shape), [])}
-        for role, (model, logical) in predicted.items():
-            kernel = measured.get(role)
+            logical[kernel.role] = traffic.total_bytes
+        for pair in comparison.pairs:
+            role, kernel, model = pair.role, pair.measured, pair.predicted
             got = None if kernel is None or kernel.dram_bytes_read is None else (
                 kernel.dram_bytes_read + (kernel.dram_bytes_write or 0))
             error = None if got is None else (model.total_bytes - got) / got
@@ -776,7 +766,7 @@ def phase_ncu(ctx) -> None:
                    "predicted_read": model.read_bytes, "predicted_write": model.write_bytes,
                    "measured_read": None if kernel is None else kernel.dram_bytes_read,
                    "measured_write": None if kernel is None else kernel.dram_bytes_write,
-                   "logical_bytes": logical, "relative_error": error,
+                   "logical_bytes": logical[role], "relative_error": error,
                    "within_goal": None if error is None else abs(error) <= GOAL_RELATIVE_ERROR,
                    "duration_ns": None if kernel is None else kernel.duration_ns,
                    "registers": None if kernel is None else kernel.value(
@@ -789,7 +779,7 @@ def phase_ncu(ctx) -> None:
             print(f"  {shape.describe()[:60]:60s} {role:14s} measured "
                   f"{'-' if got is None else f'{got / 1e6:8.1f}'} MB, cache model "
                   f"{model.total_bytes / 1e6:8.1f} MB "
-                  f"({'-' if error is None else f'{error:+.1%}'}), logical {logical / 1e6:8.1f}",
+                  f"({'-' if error is None else f'{error:+.1%}'}), logical {logical[role] / 1e6:8.1f}",
                   flush=True)
 
 

@@ -473,12 +473,18 @@ def test_bytes_chart_matches_the_committed_ncu_comparisons(tab, page_data):
     assert {"prefill", "decode"} <= {ncu.parse_case_label(k["case"])[1] for k in kernels}
     measured: dict[tuple[str, str], int] = {}
     for kernel in kernels:
-        provider, _, shape = ncu.parse_case_label(kernel["case"])
-        key = (provider, shape.describe())
+        provider, phase, shape = ncu.parse_case_label(kernel["case"])
+        key = (provider, phase, shape.describe())
         measured[key] = measured.get(key, 0) + kernel["dram_bytes_read"] + kernel["dram_bytes_write"]
+    # The backward's ncu run writes no summary: its per-kernel rows (one per profiled
+    # kernel of an attnlab fwd+bwd call) carry the measured bytes instead.
+    for path in sorted((REPO_RESULTS / "ncu").rglob("*_ncu_vs_model.jsonl")):
+        for row in map(json.loads, path.read_text().splitlines()):
+            key = ("attnlab", ncu.FWDBWD_PHASE, AttentionShape.from_dict(row["shape"]).describe())
+            measured[key] = measured.get(key, 0) + row["measured_read"] + row["measured_write"]
     assert len(points) == len(measured)
     for point in points:
-        whole_call = measured[(point["provider"], point["shape"])]
+        whole_call = measured[(point["provider"], point["phase"], point["shape"])]
         assert point["measured_bytes"] + point["unmodelled_bytes"] == whole_call
         assert ("not compared" in point["text"]) == (point["unmodelled_bytes"] > 0)
     dots = tab.page.eval_on_selector_all(
@@ -488,7 +494,16 @@ def test_bytes_chart_matches_the_committed_ncu_comparisons(tab, page_data):
         sum(p["logical_bytes"] is not None for p in points)
     assert tab.text("#bytes-headline") == page_data["measured"]["bytes"]["headline"]
     tab.page.click(".bytes-details summary")
-    assert tab.page.locator(".bytes-table tbody tr").count() == len(points)
+    assert tab.page.locator(".bytes-details .bytes-table tbody tr").count() == len(points)
+
+
+def test_fp8_table_shows_every_committed_fp8_shape(tab, page_data):
+    fp8 = page_data["measured"]["fp8"]
+    assert fp8["rows"], "the committed records hold the fp8 decode pair"
+    cells = tab.page.eval_on_selector_all(
+        "#fp8-table tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+    assert cells == [row["cells"] for row in fp8["rows"]]
+    assert tab.text("#fp8-headline") == fp8["headline"]
 
 
 # ----------------------------------------------------------------- 5. profiler

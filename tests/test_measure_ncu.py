@@ -225,3 +225,18 @@ def test_run_ncu_orchestrates_profile_import_and_join(tmp_path):
         [(eager_label, p.read_bytes) for p in predicted]
     comparison = compare_case("eager", shape, ncu.group_by_case(saved)[eager_label])
     assert comparison.kernels_match and comparison.relative_error == 0.0
+
+
+def test_only_a_fwd_bwd_case_takes_the_unnamed_kernels_after_it():
+    forward = ncu.case_label("attnlab", "prefill", AttentionShape(seqlen_q=64, seqlen_k=64))
+    training = ncu.case_label("attnlab", ncu.FWDBWD_PHASE, AttentionShape(seqlen_q=64,
+                                                                          seqlen_k=64))
+    kernels = [ncu.NcuKernel(0, "before", None, None, None),
+               ncu.NcuKernel(1, "_attn_fwd", forward, None, None),
+               ncu.NcuKernel(2, "flush", None, None, None),
+               ncu.NcuKernel(3, "_attn_fwd", training, None, None),
+               ncu.NcuKernel(5, "_attn_bwd_dq", None, None, None),
+               ncu.NcuKernel(4, "_attn_bwd_dkdv", None, None, None)]
+    joined = ncu.join_preceding_case(kernels)
+    assert [k.case for k in sorted(joined, key=lambda k: k.id)] == \
+        [None, forward, None, training, training, training]

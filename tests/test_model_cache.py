@@ -290,3 +290,25 @@ def test_per_kernel_rows_compare_each_launch_and_list_what_the_model_lacks():
     assert table[2].endswith("| -9.1% | yes |") and table[3].endswith("| +66.7% | NO |")
     assert "| mask_build (not modelled) |" in table[4] and table[4].endswith("| n/a | NO |")
     assert "| combine (not measured) | n/a / n/a |" in table[6]
+
+
+BACKWARD_NCU = Path(__file__).parents[1] / "bench" / "results" / "ncu" / "backward" / \
+    "ncu_kernels.csv"
+
+
+def test_a_fwd_bwd_case_pairs_the_forward_and_both_backward_kernels():
+    from attnlab.measure.compare import compare_cases
+
+    comparisons = {c.shape.head_dim: c for c in compare_cases(ncu.parse_csv(BACKWARD_NCU))}
+    assert sorted(comparisons) == [128, 256]
+    for comparison in comparisons.values():
+        assert comparison.kernels_match and not comparison.unmodelled
+        assert sorted(p.role for p in comparison.pairs) == \
+            ["attention", "backward_dkdv", "backward_dq"]
+    # d = 128 meets the goal; d = 256's Triton dK/dV spills registers to local memory,
+    # bytes the model (which counts tensors, not spills) does not have.
+    assert comparisons[128].meets_goal
+    dkdv = next(p for p in comparisons[256].pairs if p.role == "backward_dkdv")
+    assert dkdv.measured.dram_bytes_read > 5 * dkdv.predicted.read_bytes
+    with pytest.raises(ValueError, match="covers provider 'attnlab' only"):
+        compare_case("sdpa_cudnn", comparisons[128].shape, [], phase=ncu.FWDBWD_PHASE)

@@ -78,7 +78,7 @@ def ncu_cases(folder: Path) -> tuple[list[dict], list[str]]:
         if path.name.endswith(CSV_SUFFIX):
             continue  # the records' own CSV twin (attnlab.measure.records), not ncu's
         try:
-            kernels = ncu.parse_csv(path)
+            kernels = ncu.join_preceding_case(ncu.parse_csv(path))
         except ValueError:
             notes.append(f"{path.name} is not an Nsight Compute CSV")
             continue

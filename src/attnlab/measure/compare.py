@@ -26,6 +26,8 @@ from attnlab.shapes import AttentionShape
 GOAL_RELATIVE_ERROR = 0.15
 
 _ROLE_PATTERNS = (
+    ("backward_dkdv", re.compile(r"_attn_bwd_dkdv")),
+    ("backward_dq", re.compile(r"_attn_bwd_dq")),
     ("combine", re.compile(r"combine", re.I)),
     ("split_kv", re.compile(r"splitkv|split_kv", re.I)),
     ("attention", re.compile(r"flash|fmha|sdpa|attn|attention|cudnn", re.I)),
@@ -316,9 +318,19 @@ def merge_chunked_launches(kernels: Sequence[NcuKernel]) -> list[NcuKernel]:
 
 
 def compare_case(provider: str, shape: AttentionShape, kernels: Sequence[NcuKernel],
-                 hw: cache_model.CacheHardware = cache_model.H200) -> CaseComparison:
-    """Pair a case's measured kernels with the cache model's prediction, role by role."""
-    predicted = predict(provider, shape, hw)
+                 hw: cache_model.CacheHardware = cache_model.H200, *,
+                 phase: str = "prefill") -> CaseComparison:
+    """Pair a case's measured kernels with the cache model's prediction, role by role.
+
+    ``phase`` is the case label's: a fwd+bwd case (attnlab's only) adds the backward's
+    dQ and dK/dV kernels to the forward's, in the prediction and the logical bytes."""
+    from attnlab.measure.ncu import FWDBWD_PHASE
+
+    training = phase == FWDBWD_PHASE
+    if training and provider != "attnlab":
+        raise ValueError(f"the backward's cache model covers provider 'attnlab' only, "
+                         f"not {provider!r}")
+    predicted = predict(provider, shape, hw) + (predict_backward(shape, hw) if training else [])
     kernels = merge_chunked_launches(kernels)
     roles = measured_roles(kernels)
     pairs: list[KernelPair] = []
@@ -344,6 +356,9 @@ def compare_case(provider: str, shape: AttentionShape, kernels: Sequence[NcuKern
                                                       kv_dtype=cache.get("kv_dtype"))
     except ValueError as error:  # a shape the logical model does not cover
         logical, note = None, f"logical model unavailable: {error}"
+    if training and logical is not None:
+        logical += logical_backward(shape).total_bytes
+        note += "; the backward's dQ and dK/dV passes"
     return CaseComparison(provider, shape, pairs, logical, note, unmodelled)
 
 
@@ -410,16 +425,16 @@ def compare_cases(kernels: Sequence[NcuKernel],
     A foreign label (e.g. the peer anchors' ranges) has no shape to predict from and is
     left out, as is a provider the cache model does not cover.
     """
-    from attnlab.measure.ncu import group_by_case, parse_case_label
+    from attnlab.measure.ncu import group_by_case, join_preceding_case, parse_case_label
 
     comparisons = []
-    for label, case_kernels in group_by_case(kernels).items():
+    for label, case_kernels in group_by_case(join_preceding_case(list(kernels))).items():
         try:
-            provider, _phase, shape = parse_case_label(label)
+            provider, phase, shape = parse_case_label(label)
         except (ValueError, KeyError, StopIteration):
             continue
         if provider in PREDICTED_PROVIDERS:
-            comparisons.append(compare_case(provider, shape, case_kernels, hw))
+            comparisons.append(compare_case(provider, shape, case_kernels, hw, phase=phase))
     return comparisons
 
 

@@ -422,15 +422,19 @@ def parse_case_label(label: str) -> tuple[str, str, AttentionShape]:
     return provider, phase, shape
 
 
+FWDBWD_PHASE = "fwdbwd"
+
+
 def join_preceding_case(kernels: list[NcuKernel]) -> list[NcuKernel]:
-    """Kernels outside any range take the case of the ranged kernel launched before them
-    (by ncu's kernel ID): autograd runs a backward on its own device thread, outside the
-    NVTX range the forward's thread pushed, so a fwd+bwd case's backward kernels come
-    back unnamed.  Kernels before the first ranged one stay outside every case."""
+    """Kernels outside any range take the fwd+bwd case of the ranged kernel launched
+    before them (by ncu's kernel ID): autograd runs a backward on its own device thread,
+    outside the NVTX range the forward's thread pushed, so a fwd+bwd case's backward
+    kernels come back unnamed.  Only a fwd+bwd case has such a tail: kernels after any
+    other case, or before the first ranged one, stay outside every case."""
     case = None
     for kernel in sorted(kernels, key=lambda k: k.id):
         if kernel.case:
-            case = kernel.case
+            case = kernel.case if f"|{FWDBWD_PHASE}|" in kernel.case else None
         elif case is not None:
             kernel.case = case
     return kernels
