@@ -52,7 +52,9 @@ HEAD_DIM = 256
 BLOCKS = (16, 32, 64, 128)
 WARPS = (4, 8)
 STAGES = (1, 2, 3)
-KERNELS = ("triton-dkdv", "triton-dq")
+# The dK/dV kernel forming both outputs per program, the same kernel with one program per
+# output (BackwardConfig.dkdv_split: one accumulator a thread, not two), and the dQ kernel.
+KERNELS = ("triton-dkdv", "triton-dkdv-split", "triton-dq")
 MASKS = (True, False)  # causal first: its band-edge code spills more
 # A thread's registers, and the shared memory an sm_90 block may opt into (227 KiB):
 # what Triton's launch checks a kernel's shared memory against on the H200.
@@ -63,11 +65,11 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "ptxas" / "backward_
 
 def owned_rows(kernel: str, block_m: int, block_n: int) -> int:
     """The M of every dot: the keys a dK/dV program owns, the rows a dQ program owns."""
-    return block_n if kernel == "triton-dkdv" else block_m
+    return block_m if kernel == "triton-dq" else block_n
 
 
 def accumulator_registers(kernel: str, block_m: int, block_n: int, num_warps: int) -> int:
-    """fp32 registers a thread holds for the accumulators (dK and dV, or dQ)."""
+    """fp32 registers a thread holds for the accumulators (dK and dV, or one of them, or dQ)."""
     accumulators = 2 if kernel == "triton-dkdv" else 1
     return accumulators * owned_rows(kernel, block_m, block_n) * HEAD_DIM // (32 * num_warps)
 
@@ -99,7 +101,7 @@ def tasks() -> list[tuple]:
             order = (predicted_mma(kernel, block_m, block_n, warps), live > REGISTERS,
                      -owned_rows(kernel, block_m, block_n), stages, live, block_m, block_n)
             tiles.append((order, BackwardConfig(block_m, block_n, block_m, block_n, warps,
-                                                stages)))
+                                                stages, kernel == "triton-dkdv-split")))
         per_kernel.append([(kernel, config) for _, config in sorted(tiles, key=lambda t: t[0])])
     turns = itertools.chain.from_iterable(itertools.zip_longest(*per_kernel))
     return [(kernel, HEAD_DIM, config, dict(dtype="bf16", causal=causal, window=False,
@@ -119,7 +121,7 @@ def describe(compiled) -> dict:
 def tile(row: dict) -> tuple[int, int, int, int]:
     """(block_m, block_n, num_warps, num_stages) of the build's own kernel."""
     config = row["config"]
-    prefix = "dkdv" if row["kernel"] == "triton-dkdv" else "dq"
+    prefix = "dq" if row["kernel"] == "triton-dq" else "dkdv"
     return (config[f"{prefix}_block_m"], config[f"{prefix}_block_n"], config["num_warps"],
             config["num_stages"])
 

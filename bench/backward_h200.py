@@ -159,22 +159,20 @@ TUNE_SHAPES = {  # head_dim -> (query_heads, kv_heads): the benchmark's layers a
 }
 
 
-def dkdv_candidates(head_dim: int) -> list[tuple[int, int, int, int]]:
-    """(dkdv_block_m, dkdv_block_n, num_warps, num_stages)."""
+def dkdv_candidates(head_dim: int) -> list[tuple[int, int, int, int, bool]]:
+    """(dkdv_block_m, dkdv_block_n, num_warps, num_stages, dkdv_split)."""
     if head_dim >= 256:
-        # From the compile sweep (bench/backward_d256_tiles.py, Triton 3.6.0, LDL/STL causal /
-        # full): no tile gives the dK/dV kernel wgmma without replication (64 owned keys need
-        # 8 warps for the dK, dV accumulators, and 8 warps over 64 rows compute S^T and dP^T
-        # twice).  64 keys with the fewest spills (123/26, 147/20, 270/97), the spill-free
-        # mma.sync 32-key tiles (32 x 32 also pipelined: 24/0), 64 query rows over 32 keys
-        # (148/0), and the base tiles (750/467) to measure against.
-        # First the s10 run 2 winner (64 x 32, 4 warps, 2 stages: 1574 LDL/STL, mma.sync,
-        # no replication) to measure against; at 4 warps nothing is replicated, and
-        # 32 x 32 / 32 x 16 at 3 stages spill 238 / 75.
-        return [(64, 32, 4, 2), (16, 64, 8, 2), (32, 32, 4, 3), (32, 64, 8, 3), (32, 32, 8, 1),
-                (32, 16, 4, 3), (64, 32, 8, 1)]
-    return [(64, 128, 8, 2), (32, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 2),
-            (128, 128, 8, 2)]
+        # First the split programs (one for dV, one for dK: BackwardConfig.dkdv_split),
+        # then the s10 winner (32 x 64, 8 warps, 3 stages) to measure them against.  Split,
+        # 128 keys over 8 warps run every MMA as unreplicated 128-row wgmma with K and V
+        # in shared memory, and (compiled here for sm_90a, Triton 3.6.0, LDL/STL causal /
+        # full) 16 x 128 builds with 58 / 0 at 2 stages, 108 / 0 at 3, 32 x 128 with
+        # 336 / 64 at 2: none inside a query-tile loop (all in the per-head loop around
+        # them), where the unsplit tiles' replicated S^T and dP^T are 2 of 4 MMAs.
+        return [(16, 128, 8, 2, True), (16, 128, 8, 3, True), (32, 128, 8, 2, True),
+                (32, 128, 8, 1, True), (32, 64, 8, 3, False)]
+    return [(64, 128, 8, 2, False), (32, 128, 8, 2, False), (64, 128, 8, 3, False),
+            (32, 128, 4, 3, False), (64, 64, 4, 2, False), (128, 128, 8, 2, False)]
 
 
 def dq_candidates(head_dim: int) -> list[tuple[int, int]]:
@@ -265,16 +263,16 @@ def phase_tune(ctx) -> dict:
                 row.update(error=f"{type(error).__name__}: {str(error)[:300]}")
             log_line(row)
 
-        for block_m, block_n, warps, stages in ctx.within_budget(dkdv_candidates(head_dim)):
+        for block_m, block_n, warps, stages, split in ctx.within_budget(
+                dkdv_candidates(head_dim)):
             dq_block_m, dq_block_n = dq_stand_in(head_dim, warps, base)
-            try_config(BackwardConfig(block_m, block_n, dq_block_m, dq_block_n, warps, stages),
-                       "dkdv")
+            try_config(BackwardConfig(block_m, block_n, dq_block_m, dq_block_n, warps, stages,
+                                      split), "dkdv")
         if not scored:
             continue
         best = min(scored)[1]
         for block_m, block_n in ctx.within_budget(dq_candidates(head_dim)):
-            candidate = BackwardConfig(best.dkdv_block_m, best.dkdv_block_n, block_m, block_n,
-                                       best.num_warps, best.num_stages)
+            candidate = dataclasses.replace(best, dq_block_m=block_m, dq_block_n=block_n)
             if candidate != best:
                 try_config(candidate, "dq")
         best_ms, best = min(scored)
@@ -289,7 +287,8 @@ def phase_tune(ctx) -> dict:
         print("\nBACKWARD_TUNED = {")
         for (d, m, b), c in sorted(winners.items()):
             print(f"    ({d}, {m}, {b}): BackwardConfig({c.dkdv_block_m}, {c.dkdv_block_n}, "
-                  f"{c.dq_block_m}, {c.dq_block_n}, {c.num_warps}, {c.num_stages}),")
+                  f"{c.dq_block_m}, {c.dq_block_n}, {c.num_warps}, {c.num_stages}"
+                  f"{', dkdv_split=True' if c.dkdv_split else ''}),")
         print("}")
     # The benchmark after it uses the winners, as a user would once they are committed.
     config_table.BACKWARD_TUNED.update(winners)

@@ -34,7 +34,7 @@ import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 
 import triton
 
@@ -117,11 +117,22 @@ def build_row(task: tuple) -> dict:
 
 
 def build_key(row: dict) -> str:
-    """What makes two JSON lines the same build (a resumed sweep skips it)."""
-    return json.dumps({k: v for k, v in row.items() if k in _BUILD_FIELDS or k in (
-        "write_lse_log2", "offsets_64")}, sort_keys=True)
+    """What makes two JSON lines the same build (a resumed sweep skips it).  A config
+    field at its default is left out, so a line written before the field existed is the
+    same build as one written after."""
+    key = {k: v for k, v in row.items() if k in _BUILD_FIELDS or k in (
+        "write_lse_log2", "offsets_64")}
+    config = dict(key.get("config", {}))
+    defaults = _CONFIG_DEFAULTS.get(config.get("type"), {})
+    key["config"] = {k: v for k, v in config.items() if k not in defaults or defaults[k] != v}
+    return json.dumps(key, sort_keys=True)
 
 
+def _defaults(cls) -> dict:
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
+_CONFIG_DEFAULTS = {cls.__name__: _defaults(cls) for cls in (BackwardConfig,)}
 _BUILD_FIELDS = ("triton", "kernel", "head_dim", "config", "dtype", "causal", "window",
                  "softcap", "varlen")
 
@@ -146,9 +157,11 @@ def build(task: tuple, describe=None) -> dict:
     try:
         if kernel == "triton-forward":
             compiled = forward.compile_for_sm90(head_dim, config, **options)
-        elif kernel in ("triton-dkdv", "triton-dq"):
-            compiled, = backward.compile_for_sm90(head_dim, config, **options,
-                                                  kernels=(kernel.removeprefix("triton-"),))
+        elif kernel in ("triton-dkdv", "triton-dkdv-split", "triton-dq"):
+            # The split dK/dV kernel is the dK/dV kernel of a config with dkdv_split.
+            compiled, = backward.compile_for_sm90(
+                head_dim, config, **options,
+                kernels=("dq" if kernel == "triton-dq" else "dkdv",))
         elif kernel == "gluon-forward":
             from attnlab.kernels import forward_sm90
             compiled = forward_sm90.compile_for_sm90(head_dim, config, **options)

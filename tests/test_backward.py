@@ -8,6 +8,7 @@ repeat the grid at real sizes and check memory and 64-bit addressing.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -115,6 +116,43 @@ def test_both_layouts_and_tile_shapes(layout, tiles):
     q, k, v, dout = make_inputs(2, 2, 1, 97, 75, 32, torch.float16, layout=layout, seed=1)
     config = BackwardConfig(*tiles, num_warps=4, num_stages=1)
     run_and_check(q, k, v, dout, layout=layout, config=config, causal=True, window=(30, 5))
+
+
+SPLIT_DKDV = BackwardConfig(16, 32, 32, 16, num_warps=4, num_stages=1, dkdv_split=True)
+
+
+@pytest.mark.parametrize("mask", ["none", "causal-window", "softcap"])
+def test_split_dkdv_programs_give_the_unsplit_gradients(mask):
+    # One program per output (dkdv_split): the same MMAs in the same order for each of
+    # dK and dV, so the same bits as one program forming both; both pass the rule.
+    q, k, v, dout = make_inputs(1, 6, 2, 70, 53, 40, torch.bfloat16, seed=11)
+    split = run_and_check(q, k, v, dout, config=SPLIT_DKDV, **MASK_OPTIONS[mask])
+    whole = kernel_gradients(q, k, v, dout, config=dataclasses.replace(
+        SPLIT_DKDV, dkdv_split=False), **MASK_OPTIONS[mask])
+    for name, got, want in zip(("dq", "dk", "dv"), split, whole, strict=True):
+        assert torch.equal(got, want), name
+        assert got.abs().max() > 0, name
+
+
+def test_split_dkdv_programs_on_varlen_sequences():
+    lengths = [9, 70, 33]
+    gen = torch.Generator().manual_seed(17)
+    q, k, v, dout = (torch.randn(sum(lengths), h, 24, generator=gen).to(torch.float16).to(DEVICE)
+                     for h in (4, 2, 2, 4))
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=DEVICE)
+    varlen = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lengths),
+                  max_seqlen_k=max(lengths), causal=True)
+    out, lse = flash_forward(q, k, v, layout="thd", scale=0.3, **varlen)
+    split, whole = (flash_backward(dout, q, k, v, out, lse, layout="thd", scale=0.3,
+                                   config=config, **varlen)
+                    for config in (SPLIT_DKDV, dataclasses.replace(SPLIT_DKDV, dkdv_split=False)))
+    for got, want in zip(split, whole, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_dkdv_split_must_be_a_bool():
+    with pytest.raises(TypeError, match="dkdv_split must be a bool"):
+        BackwardConfig(16, 32, 32, 16, 4, 1, dkdv_split=1)
 
 
 def test_gqa_gradients_equal_expanded_kv_summed_over_the_group():
@@ -371,6 +409,22 @@ def test_gpu_gradient_grid(head_dim, mask, dtype):
         q, k, v, dout = make_inputs(2, *heads, seqlen_q, seqlen_k, head_dim, dtype,
                                     seed=seqlen_q + head_dim)
         run_and_check(q, k, v, dout, **MASK_OPTIONS[mask])
+
+
+# The split dK/dV tiles bench/backward_h200.py times first at head_dim 256.
+GPU_SPLIT_CONFIGS = [BackwardConfig(16, 128, 128, 32, 8, 2, dkdv_split=True),
+                     BackwardConfig(32, 128, 128, 32, 8, 2, dkdv_split=True)]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("config", GPU_SPLIT_CONFIGS, ids=str)
+def test_gpu_split_dkdv_at_head_dim_256(config):
+    for (seqlen_q, seqlen_k), mask in itertools.product(
+            [(1, 239), (239, 1), (1023, 1024), (512, 512)], ["none", "causal", "softcap"]):
+        q, k, v, dout = make_inputs(2, 6, 2, seqlen_q, seqlen_k, 256, torch.bfloat16,
+                                    seed=seqlen_q)
+        run_and_check(q, k, v, dout, config=config, **MASK_OPTIONS[mask])
 
 
 @pytest.mark.gpu

@@ -52,19 +52,23 @@ def test_mma_instructions_counts_wgmma_and_mma_sync():
 def test_the_grid_skips_what_the_accumulators_cannot_hold_and_starts_with_wgmma(bench_script):
     tiles = bench_script("backward_d256_tiles")
     tasks = tiles.tasks()
-    built = {(kernel, config.num_warps, config.dkdv_block_n if kernel == "triton-dkdv"
-              else config.dq_block_m) for kernel, _, config, _ in tasks}
+    built = {(kernel, config.num_warps, config.dq_block_m if kernel == "triton-dq"
+              else config.dkdv_block_n) for kernel, _, config, _ in tasks}
     # dK + dV of 64 keys at 4 warps, of 128 keys at 8; dQ of 128 rows at 4 warps: 256
-    # registers a thread before anything else.
+    # registers a thread before anything else.  Split, one of dK, dV: 128 keys at 8 warps.
     assert ("triton-dkdv", 4, 64) not in built and ("triton-dkdv", 8, 128) not in built
     assert ("triton-dq", 4, 128) not in built and ("triton-dq", 8, 128) in built
+    assert ("triton-dkdv-split", 8, 128) in built and ("triton-dkdv-split", 4, 128) not in built
+    assert all(config.dkdv_split == (kernel == "triton-dkdv-split")
+               for kernel, _, config, _ in tasks)
     assert len(tasks) == len({(k, c, o["causal"]) for k, _, c, o in tasks})
     first_dq = next(config for kernel, _, config, _ in tasks if kernel == "triton-dq")
     assert tiles.predicted_mma("triton-dq", first_dq.dq_block_m, first_dq.dq_block_n,
                                first_dq.num_warps) == 0
     # Both masks of a tile side by side, both kernels early.
     assert [o["causal"] for _, _, _, o in tasks[:2]] == [True, False]
-    assert {kernel for kernel, _, _, _ in tasks[:4]} == {"triton-dkdv", "triton-dq"}
+    assert {kernel for kernel, _, _, _ in tasks[:6]} == {"triton-dkdv", "triton-dkdv-split",
+                                                         "triton-dq"}
 
 
 def _row(kernel, tile, causal, *, spills=0, shared=64 * 1024, mma="wgmma", replication=1,
@@ -142,15 +146,16 @@ def test_the_h200_candidates_at_d256_built_and_fit_in_shared_memory(bench_script
     # within the H200's shared memory, at the warps and stages it will run with.
     tiles, h200 = bench_script("backward_d256_tiles"), bench_script("backward_h200")
     rows = bench_script("ptxas_configs").read_rows(str(RESULTS))
-    dkdv = tiles.tiles(rows, "triton-dkdv")
+    dkdv = {False: tiles.tiles(rows, "triton-dkdv"), True: tiles.tiles(rows, "triton-dkdv-split")}
     dq = tiles.tiles(rows, "triton-dq")
     candidates = h200.dkdv_candidates(256)
-    assert 6 <= len(candidates) <= 8 and 3 <= len(h200.dq_candidates(256)) <= 6
-    for candidate in candidates:
-        assert dkdv[candidate]["complete"] and dkdv[candidate]["fits"], candidate
+    assert 4 <= len(candidates) <= 8 and 3 <= len(h200.dq_candidates(256)) <= 6
+    for *candidate, split in candidates:
+        built = dkdv[split][tuple(candidate)]
+        assert built["complete"] and built["fits"], candidate
         # The dQ tile the dK/dV candidates are timed with.
         first_dq = dq[(*h200.dq_stand_in(256, candidate[2], None), *candidate[2:])]
         assert first_dq["complete"] and first_dq["fits"], candidate
     for block_m, block_n in h200.dq_candidates(256):
         assert any(dq.get((block_m, block_n, warps, stages), {}).get("complete")
-                   for _, _, warps, stages in candidates), (block_m, block_n)
+                   for _, _, warps, stages, _ in candidates), (block_m, block_n)

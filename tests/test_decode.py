@@ -201,6 +201,24 @@ def test_both_paged_load_forms_equal_the_contiguous_cache(page_size, causal):
         attnlab.check_kvcache_indices(DEVICE)
 
 
+def test_paged_caches_keep_as_many_tiles_in_flight_as_contiguous_ones(json_from_fresh_python):
+    # Compiled here for sm_90a (the H200's d = 128 tiling): with the table read in the same
+    # step as the K/V tiles it addresses, Triton 3.6's pipeliner awaited every copy before
+    # the MMAs (depths 0) where the contiguous cache keeps two tiles in flight (2).
+    depths = json_from_fresh_python(
+        "import dataclasses, json; from attnlab.kernels import decode, _aot; "
+        "from attnlab.kernels.configs import decode_config; out = {}\n"
+        "for page, loads in ((0, 'per_key'), (16, 'per_key'), (256, 'per_key'), "
+        "(16, 'per_page'), (256, 'per_page')):\n"
+        "    config = dataclasses.replace(decode_config(128), paged_loads=loads)\n"
+        "    kernel = decode.compile_for_sm90(128, config, page_size=page)\n"
+        "    out[f'{page}/{loads}'] = max(_aot.async_copy_depths(kernel.asm['ttgir']))\n"
+        "print(json.dumps(out))")
+    contiguous = depths.pop("0/per_key")
+    assert contiguous == decode_config(128).num_stages - 1
+    assert depths == dict.fromkeys(depths, contiguous)
+
+
 @runs_kernels
 @pytest.mark.parametrize("paged", [False, True])
 def test_append_then_attend_writes_exactly_the_new_rows(paged):

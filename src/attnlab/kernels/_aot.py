@@ -19,9 +19,14 @@ from pathlib import Path
 
 import triton
 
-# The kernels name their pointers in capitals; these hold fp32 row statistics, the
-# cu_seqlens ones int32, the rest the call's dtype.
-_FP32_POINTERS = ("LSE", "DLSE", "DELTA", "LSE_LOG2")
+# The kernels name their pointers in capitals; these hold fp32 row statistics (and the
+# decode kernel's partials and descale factors), the index tensors int32, the index-error
+# record int64, the rest the call's dtype.
+_FP32_POINTERS = ("LSE", "DLSE", "DELTA", "LSE_LOG2", "O_PART", "LSE_PART", "LSE_OUT",
+                  "K_DESCALE", "V_DESCALE")
+_I32_POINTERS = ("CU_SEQLENS", "CACHE_SEQLENS", "CACHE_BATCH_IDX", "CACHE_LEFTPAD",
+                 "BLOCK_TABLE", "SEQUSED")
+_I64_POINTERS = ("ERRORS",)
 _FP32_SCALARS = ("qk_scale", "softcap_log2", "softcap_inv", "scale")
 # Strides of the (batch, head, seq) row statistics: 16-divisible where seqlen_q is.
 _STAT_STRIDES = ("stride_lse", "stride_delta")
@@ -39,7 +44,8 @@ def signature(kernel, dtype: str, constants: dict, *, tensor_strides_aligned: bo
             continue
         if name.isupper():
             sig[name] = ("*fp32" if name in _FP32_POINTERS else
-                         "*i32" if name.startswith("CU_SEQLENS") else f"*{dtype}")
+                         "*i32" if name.startswith(_I32_POINTERS) else
+                         "*i64" if name in _I64_POINTERS else f"*{dtype}")
         else:
             sig[name] = "fp32" if name in _FP32_SCALARS else "i32"
         aligned = (name.isupper() or name.startswith(_STAT_STRIDES)
@@ -141,3 +147,10 @@ def mma_instructions(ptx: str) -> dict[str, int]:
     program text, unrolled loops counted once per copy)."""
     return {"wgmma": len(re.findall(r"\bwgmma\.mma_async\b", ptx)),
             "mma_sync": len(re.findall(r"\bmma\.sync\b", ptx))}
+
+
+def async_copy_depths(ttgir: str) -> list[int]:
+    """How many async-copy groups each ``ttg.async_wait`` leaves in flight, in order: a
+    loop whose K/V copies run two tiles ahead waits with 2 (num_stages 3), one that awaits
+    every copy before its MMAs with 0."""
+    return [int(n) for n in re.findall(r"ttg\.async_wait[^{]*\{num = (\d+)", ttgir)]

@@ -212,39 +212,54 @@ def _sequence_bounds(ERRORS, seq, valid, CACHE_SEQLENS, CACHE_LEFTPAD, CACHE_BAT
 
 
 @triton.jit
-def _page_of(ERRORS, seq, block_table_row, start_n, seqlen_k, num_pages,
-             BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PER_PAGE: tl.constexpr = False):
-    """(page, bad) of keys [start_n, start_n + BLOCK_N) of one sequence: one page (a
-    scalar) when the tile lies in one page, else one per key (padded keys read entry 0).
-    An entry outside [0, num_pages) is recorded (kind 3), read as page 0, and ``bad`` is
-    set: its keys are never loaded from where the entry points.  PER_PAGE (the
-    ``DecodeConfig.paged_loads`` candidate, tiles at multiples of BLOCK_N): a tile
-    spanning pages reads its BLOCK_N / PAGE_SIZE entries once, broadcast to its keys."""
+def _page_entries(block_table_row, start_n, seqlen_k, limit, BLOCK_N: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, PER_PAGE: tl.constexpr = False):
+    """The block table's raw entries for keys [start_n, start_n + BLOCK_N) of one sequence,
+    in :func:`_checked_pages`' form: one (a scalar) when the tile lies in one page; with
+    PER_PAGE (the ``DecodeConfig.paged_loads`` candidate, tiles at multiples of BLOCK_N)
+    a tile spanning pages reads its BLOCK_N / PAGE_SIZE entries once; else one per key.
+    Entries are read only for keys below both ``limit`` and seqlen_k (0 elsewhere)."""
     if PAGE_SIZE % BLOCK_N != 0 and PER_PAGE and BLOCK_N % PAGE_SIZE == 0:
         column = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
-        in_range = column * PAGE_SIZE < seqlen_k
-        pages = tl.load(block_table_row + column, mask=in_range, other=0)
-        bad = in_range & ((pages < 0) | (pages >= num_pages))
-        _flag_index_error(ERRORS, 3, seq + 0 * column, column, pages, num_pages + 0 * column,
-                          bad)
-        pages = tl.where(bad, 0, pages)
-        page = tl.reshape(tl.broadcast_to(pages[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)),
-                          (BLOCK_N,))
-        return page.to(tl.int64), tl.max(bad.to(tl.int32), 0)
-    if PAGE_SIZE % BLOCK_N == 0:
-        column = start_n // PAGE_SIZE
-        page = tl.load(block_table_row + column)
-        bad = (page < 0) | (page >= num_pages)
-        any_bad = bad.to(tl.int32)
+        first_key = column * PAGE_SIZE
+        entries = tl.load(block_table_row + column,
+                          mask=(first_key < seqlen_k) & (first_key < limit), other=0)
+    elif PAGE_SIZE % BLOCK_N == 0:
+        # A tensor, not a Python bool, whatever start_n is (the interpreter's loop index).
+        first_key = start_n + tl.zeros([], dtype=tl.int32)
+        entries = tl.load(block_table_row + first_key // PAGE_SIZE,
+                          mask=(first_key < seqlen_k) & (first_key < limit), other=0)
     else:
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        column = offs_n // PAGE_SIZE
-        in_range = offs_n < seqlen_k
-        page = tl.load(block_table_row + column, mask=in_range, other=0)
-        bad = in_range & ((page < 0) | (page >= num_pages))
-        any_bad = tl.max(bad.to(tl.int32), 0)
-    _flag_index_error(ERRORS, 3, seq + 0 * column, column, page, num_pages + 0 * column, bad)
-    page = tl.where(bad, 0, page)
+        entries = tl.load(block_table_row + offs_n // PAGE_SIZE,
+                          mask=(offs_n < seqlen_k) & (offs_n < limit), other=0)
+    return entries
+
+
+@triton.jit
+def _checked_pages(ERRORS, seq, entries, start_n, seqlen_k, num_pages,
+                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PER_PAGE: tl.constexpr = False):
+    """(page, bad) of keys [start_n, start_n + BLOCK_N) from their :func:`_page_entries`:
+    a scalar page, or one per key (a spanning PER_PAGE tile's entries broadcast over their
+    keys; padded keys read entry 0).  An entry outside [0, num_pages) is recorded (kind 3),
+    read as page 0, and ``bad`` is set: its keys are never loaded from where it points."""
+    if PAGE_SIZE % BLOCK_N != 0 and PER_PAGE and BLOCK_N % PAGE_SIZE == 0:
+        column = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
+        bad = (column * PAGE_SIZE < seqlen_k) & ((entries < 0) | (entries >= num_pages))
+    elif PAGE_SIZE % BLOCK_N == 0:
+        column = start_n // PAGE_SIZE
+        bad = (entries < 0) | (entries >= num_pages)
+    else:
+        column = (start_n + tl.arange(0, BLOCK_N)) // PAGE_SIZE
+        bad = (start_n + tl.arange(0, BLOCK_N) < seqlen_k) & ((entries < 0) |
+                                                             (entries >= num_pages))
+    _flag_index_error(ERRORS, 3, seq + 0 * column, column, entries, num_pages + 0 * column, bad)
+    page = tl.where(bad, 0, entries)
+    if PAGE_SIZE % BLOCK_N != 0 and PER_PAGE and BLOCK_N % PAGE_SIZE == 0:
+        page = tl.reshape(tl.broadcast_to(page[:, None], (BLOCK_N // PAGE_SIZE, PAGE_SIZE)),
+                          (BLOCK_N,))
+    # A scalar entry's flag as is, a vector's reduced (a constexpr choice: one side built).
+    any_bad = bad.to(tl.int32) if PAGE_SIZE % BLOCK_N == 0 else tl.max(bad.to(tl.int32), 0)
     return page.to(tl.int64), any_bad
 
 
@@ -257,7 +272,7 @@ def _load_cache_tile(base, page, stride_page, stride_n, start_n, offs_d, seqlen_
 
     PAGE_SIZE == 0: contiguous, ``base`` points at the sequence's first live key and
     ``page`` is unused.  Otherwise ``base`` points at the KV head inside page 0 and
-    ``page`` is :func:`_page_of`'s answer for this tile (with the same PER_PAGE)."""
+    ``page`` is :func:`_checked_pages`' answer for this tile (with the same PER_PAGE)."""
     if PAGE_SIZE == 0:
         # Advance the base in 64 bits; the in-tile offsets stay small.
         return _load_kv_tile(base + tl.cast(start_n, tl.int64) * stride_n, stride_n, 0, offs_d,

@@ -108,8 +108,10 @@ def _dkdv_tiles(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr,
 ):
-    """Add the query tiles [q_begin, q_end) of one query head to this key block's dK, dV.
+    """Add the query tiles [q_begin, q_end) of one query head to this key block's dK
+    and/or dV (``WANT_DK``, ``WANT_DV``: a dV-only program never forms dP or dS).
 
     Works on the transposed tile (keys x rows) so dK and dV come out of two MMAs
     without transposing the accumulators."""
@@ -136,17 +138,96 @@ def _dkdv_tiles(
                 HAS_LEFT, HAS_RIGHT)
             s_t = tl.where(visible, s_t, float("-inf"))
         p_t = tl.math.exp2(s_t - lse_log2[None, :])
-        dv = _mma(p_t.to(do.dtype), do, dv, UPCAST_DOT)
-        dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST_DOT)
-        ds_t = p_t * (dp_t - delta[None, :])
-        if MASKED:
-            # A hidden key's P is 0, but 0 * NaN is NaN: a row whose O is NaN (D = NaN)
-            # must not reach the dK of keys it never saw.  Band-edge tiles only.
-            ds_t = tl.where(visible, ds_t, 0.0)
-        if HAS_SOFTCAP:
-            ds_t = ds_t * (1.0 - tanh_t * tanh_t)
-        dk = _mma(ds_t.to(q.dtype), q, dk, UPCAST_DOT)
+        if WANT_DV:
+            dv = _mma(p_t.to(do.dtype), do, dv, UPCAST_DOT)
+        if WANT_DK:
+            dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32),
+                        UPCAST_DOT)
+            ds_t = p_t * (dp_t - delta[None, :])
+            if MASKED:
+                # A hidden key's P is 0, but 0 * NaN is NaN: a row whose O is NaN (D = NaN)
+                # must not reach the dK of keys it never saw.  Band-edge tiles only.
+                ds_t = tl.where(visible, ds_t, 0.0)
+            if HAS_SOFTCAP:
+                ds_t = ds_t * (1.0 - tanh_t * tanh_t)
+            dk = _mma(ds_t.to(q.dtype), q, dk, UPCAST_DOT)
     return dk, dv
+
+
+@triton.jit
+def _dkdv_block(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+    stride_lseb, stride_lseh, stride_deltab, stride_deltah,
+    off_b, off_hk, q_rows, k_rows, start_n, group_size, seqlen_q, seqlen_k,
+    window_left, window_right, qk_scale, softcap_log2, softcap_inv, scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr,
+):
+    """dK and/or dV of one key block of one KV head, summed over its GQA group."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    # The owned K/V block stays on chip for the whole program (V: only where dP is formed).
+    k = _load_kv_tile(K + off_b * stride_kb + off_hk * stride_kh + k_rows * stride_kn, stride_kn, 0,
+                      offs_d, seqlen_k - start_n, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True)
+    v = k
+    if WANT_DK:
+        v = _load_kv_tile(V + off_b * stride_vb + off_hk * stride_vh + k_rows * stride_vn,
+                          stride_vn, 0, offs_d, seqlen_k - start_n, BLOCK_N, HEAD_DIM,
+                          HEAD_DIM_PAD, True)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+
+    diag_offset = seqlen_k - seqlen_q
+    q_lo, full_lo, full_hi, q_hi = _q_band_bounds(
+        start_n, start_n + BLOCK_N - 1, seqlen_q, diag_offset, window_left, window_right,
+        BLOCK_M, HAS_LEFT, HAS_RIGHT)
+
+    for group_head in range(group_size):
+        off_h = off_hk * group_size + group_head
+        q_base = Q + off_b * stride_qb + off_h * stride_qh + q_rows * stride_qm
+        do_base = DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom
+        lse_base = LSE + off_b * stride_lseb + off_h * stride_lseh + q_rows
+        delta_base = DELTA + off_b * stride_deltab + off_h * stride_deltah + q_rows
+        # Stage 1: rows on the diagonal / the window's right edge (element mask).
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+            stride_qm, stride_dom, offs_n, offs_d, q_lo, full_lo,
+            seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT, WANT_DK, WANT_DV)
+        # Stage 2: rows that see the whole key block (no mask).
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+            stride_qm, stride_dom, offs_n, offs_d, full_lo, full_hi,
+            seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT, WANT_DK, WANT_DV)
+        # Stage 3: rows at the window's left edge and the ragged last query tile (mask).
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+            stride_qm, stride_dom, offs_n, offs_d, full_hi, q_hi,
+            seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
+            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT, WANT_DK, WANT_DV)
+
+    # Keys no query sees never met a visible score: dK = dV = 0 exactly.
+    store_mask = offs_n[:, None] < seqlen_k
+    if HEAD_DIM != HEAD_DIM_PAD:
+        store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
+    local_n = tl.arange(0, BLOCK_N)
+    if WANT_DK:
+        dk_ptrs = (DK + off_b * stride_dkb + off_hk * stride_dkh + k_rows * stride_dkn
+                   + local_n[:, None] * stride_dkn + offs_d[None, :])
+        tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=store_mask)
+    if WANT_DV:
+        dv_ptrs = (DV + off_b * stride_dvb + off_hk * stride_dvh + k_rows * stride_dvn
+                   + local_n[:, None] * stride_dvn + offs_d[None, :])
+        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit(do_not_specialize=["num_kv_heads", "group_size", "seqlen_q", "seqlen_k",
@@ -171,14 +252,22 @@ def _attn_bwd_dkdv(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    IS_VARLEN: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, UPCAST_DOT: tl.constexpr, SPLIT_OUTPUTS: tl.constexpr,
 ):
+    """One program per (key block, KV head), or with SPLIT_OUTPUTS two: the even one
+    forms dV (S, P, P^T dO), the odd one dK (S, P, dP, dS^T Q).  Split, each program
+    holds one fp32 accumulator instead of two, so a wide key block fits the registers at
+    head_dim 256 (BackwardConfig.dkdv_split); the pair runs side by side, reading the
+    same Q and dO tiles through L2."""
     # fp32 scalars whoever launches (Inductor passes fp64), as in forward._attn_fwd.
     qk_scale, softcap_log2 = tl.cast(qk_scale, tl.float32), tl.cast(softcap_log2, tl.float32)
     softcap_inv, scale = tl.cast(softcap_inv, tl.float32), tl.cast(scale, tl.float32)
+    block_id = tl.program_id(0)
+    if SPLIT_OUTPUTS:
+        block_id = block_id // 2
     # Causal: the first key blocks are seen by the most queries and start first.
-    start_n = tl.program_id(0) % num_n_blocks * BLOCK_N
-    off_bh = tl.program_id(0) // num_n_blocks
+    start_n = block_id % num_n_blocks * BLOCK_N
+    off_bh = block_id // num_n_blocks
     off_b = off_bh // num_kv_heads
     off_hk = (off_bh % num_kv_heads).to(tl.int64)
     q_start = tl.zeros([], dtype=tl.int32)
@@ -193,62 +282,42 @@ def _attn_bwd_dkdv(
     off_b = off_b.to(tl.int64)
     q_rows = q_start.to(tl.int64)
     k_rows = (k_start + start_n).to(tl.int64)
-
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    # The owned K/V block stays on chip for the whole program.
-    k = _load_kv_tile(K + off_b * stride_kb + off_hk * stride_kh + k_rows * stride_kn, stride_kn, 0,
-                      offs_d, seqlen_k - start_n, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True)
-    v = _load_kv_tile(V + off_b * stride_vb + off_hk * stride_vh + k_rows * stride_vn, stride_vn, 0,
-                      offs_d, seqlen_k - start_n, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-
-    diag_offset = seqlen_k - seqlen_q
-    q_lo, full_lo, full_hi, q_hi = _q_band_bounds(
-        start_n, start_n + BLOCK_N - 1, seqlen_q, diag_offset, window_left, window_right,
-        BLOCK_M, HAS_LEFT, HAS_RIGHT)
-
-    for group_head in range(group_size):
-        off_h = off_hk * group_size + group_head
-        q_base = Q + off_b * stride_qb + off_h * stride_qh + q_rows * stride_qm
-        do_base = DO + off_b * stride_dob + off_h * stride_doh + q_rows * stride_dom
-        lse_base = LSE + off_b * stride_lseb + off_h * stride_lseh + q_rows
-        delta_base = DELTA + off_b * stride_deltab + off_h * stride_deltah + q_rows
-        # Stage 1: rows on the diagonal / the window's right edge (element mask).
-        dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-            stride_qm, stride_dom, offs_n, offs_d, q_lo, full_lo,
-            seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
-            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-            UPCAST_DOT)
-        # Stage 2: rows that see the whole key block (no mask).
-        dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-            stride_qm, stride_dom, offs_n, offs_d, full_lo, full_hi,
-            seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
-            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-            UPCAST_DOT)
-        # Stage 3: rows at the window's left edge and the ragged last query tile (mask).
-        dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-            stride_qm, stride_dom, offs_n, offs_d, full_hi, q_hi,
-            seqlen_q, diag_offset, window_left, window_right, qk_scale, softcap_log2, softcap_inv,
-            BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-            UPCAST_DOT)
-
-    # Keys no query sees never met a visible score: dK = dV = 0 exactly.
-    dk = dk * scale
-    store_mask = offs_n[:, None] < seqlen_k
-    if HEAD_DIM != HEAD_DIM_PAD:
-        store_mask = store_mask & (offs_d[None, :] < HEAD_DIM)
-    local_n = tl.arange(0, BLOCK_N)
-    dk_ptrs = (DK + off_b * stride_dkb + off_hk * stride_dkh + k_rows * stride_dkn
-               + local_n[:, None] * stride_dkn + offs_d[None, :])
-    dv_ptrs = (DV + off_b * stride_dvb + off_hk * stride_dvh + k_rows * stride_dvn
-               + local_n[:, None] * stride_dvn + offs_d[None, :])
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=store_mask)
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=store_mask)
+    # The call is written out three times: a jit call takes no unpacked tuple of
+    # constexprs, and which output a program forms must be a compile-time branch.
+    if SPLIT_OUTPUTS:
+        if tl.program_id(0) % 2 == 0:
+            _dkdv_block(
+                Q, K, V, DO, LSE, DELTA, DK, DV,
+                stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                stride_lseb, stride_lseh, stride_deltab, stride_deltah,
+                off_b, off_hk, q_rows, k_rows, start_n, group_size, seqlen_q, seqlen_k,
+                window_left, window_right, qk_scale, softcap_log2, softcap_inv, scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                UPCAST_DOT, False, True)
+        else:
+            _dkdv_block(
+                Q, K, V, DO, LSE, DELTA, DK, DV,
+                stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                stride_lseb, stride_lseh, stride_deltab, stride_deltah,
+                off_b, off_hk, q_rows, k_rows, start_n, group_size, seqlen_q, seqlen_k,
+                window_left, window_right, qk_scale, softcap_log2, softcap_inv, scale,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                UPCAST_DOT, True, False)
+    else:
+        _dkdv_block(
+            Q, K, V, DO, LSE, DELTA, DK, DV,
+            stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+            stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+            stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+            stride_lseb, stride_lseh, stride_deltab, stride_deltah,
+            off_b, off_hk, q_rows, k_rows, start_n, group_size, seqlen_q, seqlen_k,
+            window_left, window_right, qk_scale, softcap_log2, softcap_inv, scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT, True, True)
 
 
 # ---------------------------------------------------------------------------
@@ -613,12 +682,14 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
     if sm90 is None:
         kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
-        dkdv = PlannedLaunch(dkdv_launcher, (kv_blocks * batch * num_kv_heads,), (
+        programs = kv_blocks * batch * num_kv_heads * (2 if config.dkdv_split else 1)
+        dkdv = PlannedLaunch(dkdv_launcher, (programs,), (
             *lay.bhs_strides(q), *lay.bhs_strides(k), *lay.bhs_strides(v),
             *lay.bhs_strides(dout), *dk_strides, *dk_strides, *stat_strides,
             *delta_strides, num_kv_heads, group_size, seqlen_q, seqlen_k, kv_blocks, *scalars,
         ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
                 BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
+                SPLIT_OUTPUTS=config.dkdv_split,
                 num_warps=config.num_warps, num_stages=config.num_stages))
     dq = PlannedLaunch(dq_launcher, (q_blocks * batch * num_heads,), (
         *lay.bhs_strides(q), *lay.bhs_strides(k), *lay.bhs_strides(v),
@@ -650,7 +721,8 @@ def compile_for_sm90(head_dim: int, config: BackwardConfig, *, dtype: str = "bf1
                  UPCAST_DOT=False)
     launches = {
         "dkdv": (_attn_bwd_dkdv, dict(masks, BLOCK_M=config.dkdv_block_m,
-                                      BLOCK_N=config.dkdv_block_n)),
+                                      BLOCK_N=config.dkdv_block_n,
+                                      SPLIT_OUTPUTS=config.dkdv_split)),
         "dq": (_attn_bwd_dq, dict(masks, BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n,
                                   REVERSE_M=causal or window, HAS_DLSE=False,
                                   WRITE_LSE_LOG2=write_lse_log2)),

@@ -144,6 +144,12 @@ class BackwardConfig:
     dK/dV kernel: one program owns ``dkdv_block_n`` keys and streams query tiles of
     ``dkdv_block_m`` rows past them; dQ kernel: one program owns ``dq_block_m`` query
     rows and streams key tiles of ``dq_block_n`` (and forms D for those rows).
+
+    ``dkdv_split``: two dK/dV programs per key block, one forming dV (S, P^T dO), one
+    dK (S, dP, dS^T Q), each holding one fp32 accumulator, not two.  Five MMAs per tile
+    pair instead of four, but at head_dim 256 a 128-key block then fits the registers:
+    the unsplit 64-key block spills there and its S and dP MMAs, 64 rows over two
+    warpgroups, run twice (bench/NOTES.md B19, bench/backward_d256_tiles.py).
     """
 
     dkdv_block_m: int
@@ -152,8 +158,11 @@ class BackwardConfig:
     dq_block_n: int
     num_warps: int
     num_stages: int
+    dkdv_split: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.dkdv_split, bool):
+            raise TypeError(f"dkdv_split must be a bool, got {self.dkdv_split!r}")
         for name in ("dkdv_block_m", "dkdv_block_n", "dq_block_m", "dq_block_n"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):

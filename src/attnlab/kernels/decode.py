@@ -46,15 +46,17 @@ import triton.language as tl
 import attnlab.kernels.dispatch as dispatch
 import attnlab.kernels.index_checks as index_checks
 from attnlab.inputs import layout_named
+from attnlab.kernels._aot import compile_triton
 from attnlab.kernels._launch import DirectLauncher, PlanCache, PlannedLaunch, tensor_key
 from attnlab.kernels._primitives import (
     LOG2E,
+    _checked_pages,
     _finish_rows,
     _kv_band_bounds,
     _load_cache_tile,
     _mma,
     _online_softmax_step,
-    _page_of,
+    _page_entries,
     _row_sees_keys,
     _sequence_bounds,
     kernel_is_interpreted,
@@ -97,11 +99,15 @@ def _decode_tiles(
     UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr, ROW_SCALED_Q: tl.constexpr,
 ):
     """Fold the cache's key tiles [kv_start, kv_end) into the running state (m_i, l_i,
-    acc); ``bad`` turns 1 where a page entry is out of range (_page_of).
+    acc); ``bad`` turns 1 where a page entry is out of range (_checked_pages).
 
     An fp8 cache's tiles are converted to fp16 as they are loaded (exact: every e4m3 value
     is an fp16 value) and meet q's fp16 rows (:func:`_fp16_rows`), whose power-of-two row
     scales ``q_unscale`` undoes on the scores; its descale factors live outside the loop."""
+    next_entries = 0
+    if PAGE_SIZE != 0:
+        next_entries = _page_entries(block_table_row, kv_start, seqlen_k, kv_end, BLOCK_N,
+                                     PAGE_SIZE, PER_PAGE)
     for start_n in range(kv_start, kv_end, BLOCK_N):
         if PER_PAGE:
             # Every stage starts on a multiple of BLOCK_N (the band and split bounds are).
@@ -109,9 +115,15 @@ def _decode_tiles(
         if PAGE_SIZE == 0:
             page = 0
         else:
-            # One table lookup per tile serves both K and V.
-            page, tile_bad = _page_of(ERRORS, off_b, block_table_row, start_n, seqlen_k,
-                                      num_pages, BLOCK_N, PAGE_SIZE, PER_PAGE)
+            # One table lookup per tile serves both K and V, read a tile ahead: K/V
+            # addresses that waited on a table load in the same step left Triton's
+            # pipeliner one tile of K/V in flight (every copy awaited before the MMA);
+            # from a value carried round the loop it keeps two, as contiguous caches get.
+            entries = next_entries
+            next_entries = _page_entries(block_table_row, start_n + BLOCK_N, seqlen_k, kv_end,
+                                         BLOCK_N, PAGE_SIZE, PER_PAGE)
+            page, tile_bad = _checked_pages(ERRORS, off_b, entries, start_n, seqlen_k,
+                                            num_pages, BLOCK_N, PAGE_SIZE, PER_PAGE)
             bad = bad | tile_bad
         k = _load_cache_tile(k_base, page, stride_kpage, stride_kn, start_n, offs_d,
                              seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED,
@@ -576,3 +588,21 @@ def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, s
             "block_n": config.block_n, "row_blocks": row_blocks, "sm_count": sm_count,
             "programs_per_sm": programs / sm_count,
             "combine_programs": batch * seqlen_q * query_heads if num_splits > 1 else 0}
+
+
+# ---------------------------------------------------------------------------
+# Ahead of time, without a GPU: what Triton makes of a launch
+# ---------------------------------------------------------------------------
+
+def compile_for_sm90(head_dim: int, config: DecodeConfig, *, page_size: int = 0,
+                     dtype: str = "bf16", group_size: int = 4):
+    """The split-KV kernel as a one-token call on a bf16/fp16 cache (tensor cache_seqlens,
+    causal, contiguous or paged with ``page_size``) compiles it for sm_90a, here, without a
+    GPU (``kernels/_aot``)."""
+    return compile_triton(_split_kv_decode, dtype, dict(
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_padded(head_dim),
+        BLOCK_M=packed_block_m(group_size, 1), BLOCK_N=config.block_n, PAGE_SIZE=page_size,
+        HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False, HAS_LEFT=False,
+        HAS_RIGHT=False, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
+        PER_PAGE=page_size > 0 and config.paged_loads == "per_page", DESCALED=False,
+        ROW_SCALED_Q=False), num_warps=config.num_warps, num_stages=config.num_stages)

@@ -42,6 +42,7 @@ from attnlab.kernels._launch import (
 )
 from attnlab.kernels._primitives import (
     LOG2E,
+    _checked_pages,
     _finish_rows,
     _flag_index_error,
     _kv_band_bounds,
@@ -50,7 +51,7 @@ from attnlab.kernels._primitives import (
     _load_strided_tile,
     _mma,
     _online_softmax_step,
-    _page_of,
+    _page_entries,
     _row_sees_keys,
     _to_e4m3,
     kernel_is_interpreted,
@@ -81,7 +82,12 @@ def _kv_tiles(
 ):
     """Fold KV tiles [kv_start, kv_end) into the running softmax state (m_i, l_i, acc).
     PAGE_SIZE > 0: the keys live in a paged cache (the decode kernel's pages: one table
-    lookup per tile for K and V; ``bad`` turns 1 where an entry is out of range)."""
+    lookup per tile for K and V, read a tile ahead as the decode kernel's is; ``bad``
+    turns 1 where an entry is out of range)."""
+    next_entries = 0
+    if PAGE_SIZE != 0:
+        next_entries = _page_entries(block_table_row, kv_start, seqlen_k, kv_end, BLOCK_N,
+                                     PAGE_SIZE)
     for start_n in range(kv_start, kv_end, BLOCK_N):
         if FP8:
             # Every stage that runs starts on a tile boundary (_kv_band_bounds: only an
@@ -94,8 +100,11 @@ def _kv_tiles(
             k = _load_kv_tile(k_base, stride_kn, start_n, offs_d, seqlen_k,
                               BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
         else:
-            page, tile_bad = _page_of(ERRORS, off_b, block_table_row, start_n, seqlen_k,
-                                      num_pages, BLOCK_N, PAGE_SIZE)
+            entries = next_entries
+            next_entries = _page_entries(block_table_row, start_n + BLOCK_N, seqlen_k, kv_end,
+                                         BLOCK_N, PAGE_SIZE)
+            page, tile_bad = _checked_pages(ERRORS, off_b, entries, start_n, seqlen_k,
+                                            num_pages, BLOCK_N, PAGE_SIZE)
             bad = bad | tile_bad
             k = _load_cache_tile(k_base, page, stride_kpage, stride_kn, start_n, offs_d,
                                  seqlen_k, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, MASKED)

@@ -4,7 +4,7 @@
 tensor on the host (a device-to-host copy is a synchronisation: 0.4-1.4 ms of host time
 per call on the H200, issue #32, and no copy can run under CUDA-graph capture).  The
 kernels check every value where they read it (``_primitives._sequence_bounds``,
-``_page_of``, the append kernel) and a bad one is
+``_checked_pages``, the append kernel) and a bad one is
 
 * never used as an address: the sequence reads as empty (or its page as page 0) and
   its new keys are not written;
