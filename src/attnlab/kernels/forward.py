@@ -82,12 +82,10 @@ def _kv_tiles(
 ):
     """Fold KV tiles [kv_start, kv_end) into the running softmax state (m_i, l_i, acc).
     PAGE_SIZE > 0: the keys live in a paged cache (the decode kernel's pages: one table
-    lookup per tile for K and V, read a tile ahead as the decode kernel's is; ``bad``
-    turns 1 where an entry is out of range)."""
-    next_entries = 0
-    if PAGE_SIZE != 0:
-        next_entries = _page_entries(block_table_row, kv_start, seqlen_k, kv_end, BLOCK_N,
-                                     PAGE_SIZE)
+    lookup per tile for K and V; ``bad`` turns 1 where an entry is out of range).  The
+    entries are read in the step that uses them: read a tile ahead, as the decode kernel
+    reads them, the pipeliner keeps two tiles in flight here too, but at page 16 the
+    128 x 128 tiles then spill inside the loop (bench/NOTES.md S13), unmeasured."""
     for start_n in range(kv_start, kv_end, BLOCK_N):
         if FP8:
             # Every stage that runs starts on a tile boundary (_kv_band_bounds: only an
@@ -100,9 +98,8 @@ def _kv_tiles(
             k = _load_kv_tile(k_base, stride_kn, start_n, offs_d, seqlen_k,
                               BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, MASKED)
         else:
-            entries = next_entries
-            next_entries = _page_entries(block_table_row, start_n + BLOCK_N, seqlen_k, kv_end,
-                                         BLOCK_N, PAGE_SIZE)
+            entries = _page_entries(block_table_row, start_n, seqlen_k, seqlen_k, BLOCK_N,
+                                    PAGE_SIZE)
             page, tile_bad = _checked_pages(ERRORS, off_b, entries, start_n, seqlen_k,
                                             num_pages, BLOCK_N, PAGE_SIZE)
             bad = bad | tile_bad
@@ -553,14 +550,16 @@ def _plan_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, *
 
 def compile_for_sm90(head_dim: int, config: ForwardConfig, *, dtype: str = "bf16",
                      causal: bool = False, window: bool = False, softcap: bool = False,
-                     varlen: bool = False, offsets_64: bool = False):
+                     varlen: bool = False, offsets_64: bool = False, page_size: int = 0):
     """The forward kernel as a call with these options compiles it for sm_90a, here,
-    without a GPU (``kernels/_aot``; ``window`` a two-sided sliding window); raises
-    Triton's PTXASError where ptxas cannot build it.  The bf16/fp16 forward: V's head
-    dim unit-stride (``stride_vd`` = 1, as a launch specialises it), FP8 off."""
+    without a GPU (``kernels/_aot``; ``window`` a two-sided sliding window, ``page_size``
+    a paged cache, which only varlen calls take); raises Triton's PTXASError where
+    ptxas cannot build it.  The bf16/fp16 forward: V's head dim unit-stride
+    (``stride_vd`` = 1, as a launch specialises it), FP8 off."""
     return compile_triton(_attn_fwd, dtype, dict(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_padded(head_dim), BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, HAS_LEFT=window, HAS_RIGHT=causal or window,
         HAS_SOFTCAP=softcap, REVERSE_M=causal or window, UPCAST_DOT=False, IS_VARLEN=varlen,
-        OFFSETS_64=offsets_64, PAGE_SIZE=0, HAS_SEQUSED=False, FP8=False, EMULATE_FP8=False,
+        OFFSETS_64=offsets_64, PAGE_SIZE=page_size, HAS_SEQUSED=False, FP8=False,
+        EMULATE_FP8=False,
         stride_vd=1), num_warps=config.num_warps, num_stages=config.num_stages)
