@@ -343,8 +343,9 @@ def bytes_section(cases: list[dict], notes: list[str], colours: dict[str, str],
         label = plots.provider_label(provider)
         unmodelled = sum((k.dram_bytes_read or 0) + (k.dram_bytes_write or 0)
                          for k in comparison.unmodelled)
-        text = (f"{label} \u00b7 {case['phase']} \u00b7 {shape.describe()} \u00b7 measured {format_bytes(measured)}, "
-                f"cache-aware {format_bytes(predicted)} ({100 * error:+.1f}%)"
+        text = (f"{label} \u00b7 {case['phase']} \u00b7 {shape.describe()} \u00b7 "
+                f"measured {format_bytes(measured)}, cache-aware {format_bytes(predicted)} "
+                f"({100 * error:+.1f}%)"
                 + ("" if logical is None else f", logical {format_bytes(logical)} "
                    f"({format_ratio(logical / measured)} measured)")
                 + ("" if not comparison.unmodelled else

@@ -282,31 +282,22 @@ def _attn_bwd_dkdv(
     off_b = off_b.to(tl.int64)
     q_rows = q_start.to(tl.int64)
     k_rows = (k_start + start_n).to(tl.int64)
-    # The call is written out three times: a jit call takes no unpacked tuple of
-    # constexprs, and which output a program forms must be a compile-time branch.
+    # Which outputs a program forms must be a compile-time choice; unsplit, dv_only stays
+    # the constant False and only the second call is built.
+    dv_only = False
     if SPLIT_OUTPUTS:
-        if tl.program_id(0) % 2 == 0:
-            _dkdv_block(
-                Q, K, V, DO, LSE, DELTA, DK, DV,
-                stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                stride_lseb, stride_lseh, stride_deltab, stride_deltah,
-                off_b, off_hk, q_rows, k_rows, start_n, group_size, seqlen_q, seqlen_k,
-                window_left, window_right, qk_scale, softcap_log2, softcap_inv, scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                UPCAST_DOT, False, True)
-        else:
-            _dkdv_block(
-                Q, K, V, DO, LSE, DELTA, DK, DV,
-                stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
-                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                stride_lseb, stride_lseh, stride_deltab, stride_deltah,
-                off_b, off_hk, q_rows, k_rows, start_n, group_size, seqlen_q, seqlen_k,
-                window_left, window_right, qk_scale, softcap_log2, softcap_inv, scale,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                UPCAST_DOT, True, False)
+        dv_only = tl.program_id(0) % 2 == 0
+    if dv_only:
+        _dkdv_block(
+            Q, K, V, DO, LSE, DELTA, DK, DV,
+            stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+            stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+            stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+            stride_lseb, stride_lseh, stride_deltab, stride_deltah,
+            off_b, off_hk, q_rows, k_rows, start_n, group_size, seqlen_q, seqlen_k,
+            window_left, window_right, qk_scale, softcap_log2, softcap_inv, scale,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            UPCAST_DOT, False, True)
     else:
         _dkdv_block(
             Q, K, V, DO, LSE, DELTA, DK, DV,
@@ -317,7 +308,7 @@ def _attn_bwd_dkdv(
             off_b, off_hk, q_rows, k_rows, start_n, group_size, seqlen_q, seqlen_k,
             window_left, window_right, qk_scale, softcap_log2, softcap_inv, scale,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-            UPCAST_DOT, True, True)
+            UPCAST_DOT, True, not SPLIT_OUTPUTS)
 
 
 # ---------------------------------------------------------------------------

@@ -561,5 +561,5 @@ def compile_for_sm90(head_dim: int, config: ForwardConfig, *, dtype: str = "bf16
         BLOCK_N=config.block_n, HAS_LEFT=window, HAS_RIGHT=causal or window,
         HAS_SOFTCAP=softcap, REVERSE_M=causal or window, UPCAST_DOT=False, IS_VARLEN=varlen,
         OFFSETS_64=offsets_64, PAGE_SIZE=page_size, HAS_SEQUSED=False, FP8=False,
-        EMULATE_FP8=False,
-        stride_vd=1), num_warps=config.num_warps, num_stages=config.num_stages)
+        EMULATE_FP8=False, stride_vd=1), num_warps=config.num_warps,
+        num_stages=config.num_stages)
