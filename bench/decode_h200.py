@@ -18,8 +18,7 @@ One call does everything (issue #13's grid), so a lease is spent on measurements
 4. ``tune`` (only when asked): a few points with other split counts and key tiles
    (decode_tuning.jsonl);
 5. ``paged_sweep`` (only when asked: ``--phases paged_sweep``, ~50 s, cap 60 s):
-   contiguous vs paged 16 / 256 for both ``DecodeConfig.paged_loads`` forms (per_key,
-   the default, and the per_page candidate) at B1 x 32k, B16 x 32k, B1 x 128k (d = 128)
+   contiguous vs paged 16 / 256 at B1 x 32k, B16 x 32k, B1 x 128k (d = 128)
    and the seed's d = 256 B1 x 32k, tensor cache_seqlens (decode_paged_sweep.jsonl).
 
 Writes decode.jsonl (records schema, phase "decode"), decode_launch.jsonl,
@@ -417,7 +416,7 @@ def short_splits(ctx) -> None:
     ctx.upsert("decode_short_splits.jsonl", out)
 
 
-# ----- 5. paged loads: the per-key form against the per-page candidate ----------------------
+# ----- 5. paged caches against the contiguous one ----------------------------------------------
 PAGED_SWEEP_POINTS = ((1, 32768, 32, 8, 128), (16, 32768, 32, 8, 128), (1, 131072, 32, 8, 128),
                       (1, 32768, 24, 4, 256))
 
@@ -430,9 +429,7 @@ def paged_sweep_points(args) -> list[AttentionShape]:
 
 @bench.phase("paged_sweep", default=False, cap_s=60.0, plan=paged_sweep_points)
 def paged_sweep(ctx) -> list[dict]:
-    """Contiguous vs paged (16, 256) for DecodeConfig.paged_loads per_key (now) and per_page."""
-    import dataclasses
-
+    """Contiguous vs paged (16, 256) caches, the same keys."""
     env, out, table_rows = ctx.env, [], []
     for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
         log(f"== paged sweep {shape.describe()}")
@@ -441,14 +438,11 @@ def paged_sweep(ctx) -> list[dict]:
         q = bf16(b, 1, h, d, seed=1)
         k, v = bf16(b, n, kv, d, seed=2), bf16(b, n, kv, d, seed=3)
         lengths = torch.full((b,), n, dtype=torch.int32, device="cuda")
-        base = decode_config(d)
-        variants = [("attnlab_decode", None, base)]
-        for page_size in (16, 256):
-            for loads in ("per_key", "per_page"):
-                variants.append((f"attnlab_decode_paged{page_size}[{loads}]", page_size,
-                                 dataclasses.replace(base, paged_loads=loads)))
+        config = decode_config(d)
+        variants = [("attnlab_decode", None)] + [(f"attnlab_decode_paged{page_size}", page_size)
+                                                 for page_size in (16, 256)]
         row = {"shape": shape.describe()}
-        for name, page_size, config in variants:
+        for name, page_size in variants:
             try:
                 if page_size is None:
                     inputs = (q, k, v, lengths)
@@ -474,15 +468,14 @@ def paged_sweep(ctx) -> list[dict]:
         ctx.upsert("decode_paged_sweep.jsonl", out[-len(variants):])
         del q, k, v
         torch.cuda.empty_cache()
-    log("\npaged / contiguous (GPU time ratio; > 1 is slower): per_key -> per_page")
+    log("\npaged / contiguous (GPU time ratio; > 1 is slower)")
     for row in table_rows:
         contiguous = row.get("attnlab_decode")
         cells = []
         for page_size in (16, 256):
-            pair = [row.get(f"attnlab_decode_paged{page_size}[{loads}]")
-                    for loads in ("per_key", "per_page")]
-            cells.append(f"page {page_size}: " + " -> ".join(
-                "-" if t is None or contiguous is None else f"{t / contiguous:.2f}x" for t in pair))
+            t = row.get(f"attnlab_decode_paged{page_size}")
+            cells.append(f"page {page_size}: " + (
+                "-" if t is None or contiguous is None else f"{t / contiguous:.2f}x"))
         log(f"{row['shape']}: contiguous {contiguous or float('nan'):.1f} us; " + "; ".join(cells))
     return out
 

@@ -176,12 +176,10 @@ def test_paged_cache_equals_contiguous(page_size):
 @runs_kernels
 @pytest.mark.parametrize("page_size", [16, 32, 48, 64])
 @pytest.mark.parametrize("causal", [True, False])
-def test_both_paged_load_forms_equal_the_contiguous_cache(page_size, causal):
-    """DecodeConfig.paged_loads: the per-page candidate (one scalar base per tile inside a
-    page, the table read once per tile across pages, per-key where a page does not divide
-    the tile) gives the contiguous cache's bits, and still flags a bad entry."""
-    from attnlab.kernels.configs import INTERPRETER_DECODE_CONFIG
-
+def test_paged_caches_give_contiguous_bits_and_flag_a_bad_entry(page_size, causal):
+    """A paged cache (one scalar base per tile inside a page, the table read once per tile
+    across pages, per-key where a page does not divide the tile: 48) gives the contiguous
+    cache's bits, and still flags a bad entry."""
     batch, heads, kv_heads, dim, capacity = 3, 4, 2, 32, 200
     q = randn(batch, 2, heads, dim, seed=50)
     k_cache, v_cache = randn(batch, capacity, kv_heads, dim, seed=51), \
@@ -190,12 +188,10 @@ def test_both_paged_load_forms_equal_the_contiguous_cache(page_size, causal):
     (k_pages, table), (v_pages, _) = (paged_copy(c, page_size, seed=6) for c in (k_cache, v_cache))
     options = dict(scale=0.2, causal=causal, cache_seqlens=lengths, num_splits=3)
     contiguous = flash_decode(q, k_cache, v_cache, **options)
-    for loads in ("per_key", "per_page"):
-        config = dataclasses.replace(INTERPRETER_DECODE_CONFIG, paged_loads=loads)
-        paged = flash_decode(q, k_pages, v_pages, block_table=table, config=config, **options)
-        assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
+    paged = flash_decode(q, k_pages, v_pages, block_table=table, **options)
+    assert torch.equal(paged[0], contiguous[0]) and torch.equal(paged[1], contiguous[1])
     table[1, 1] = k_pages.shape[0]  # a page sequence 1 (97 keys) uses at every size
-    out, _ = flash_decode(q, k_pages, v_pages, block_table=table, config=config, **options)
+    out, _ = flash_decode(q, k_pages, v_pages, block_table=table, **options)
     assert torch.isnan(out[1]).all() and torch.equal(out[0], contiguous[0][0])
     with pytest.raises(ValueError, match=rf"block_table\[1, 1\] = {k_pages.shape[0]}"):
         attnlab.check_kvcache_indices(DEVICE)
@@ -206,15 +202,13 @@ def test_paged_caches_keep_as_many_tiles_in_flight_as_contiguous_ones(json_from_
     # step as the K/V tiles it addresses, Triton 3.6's pipeliner awaited every copy before
     # the MMAs (depths 0) where the contiguous cache keeps two tiles in flight (2).
     depths = json_from_fresh_python(
-        "import dataclasses, json; from attnlab.kernels import decode, _aot; "
+        "import json; from attnlab.kernels import decode, _aot; "
         "from attnlab.kernels.configs import decode_config; out = {}\n"
-        "for page, loads in ((0, 'per_key'), (16, 'per_key'), (256, 'per_key'), "
-        "(16, 'per_page'), (256, 'per_page')):\n"
-        "    config = dataclasses.replace(decode_config(128), paged_loads=loads)\n"
-        "    kernel = decode.compile_for_sm90(128, config, page_size=page)\n"
-        "    out[f'{page}/{loads}'] = max(_aot.async_copy_depths(kernel.asm['ttgir']))\n"
+        "for page in (0, 16, 256):\n"
+        "    kernel = decode.compile_for_sm90(128, decode_config(128), page_size=page)\n"
+        "    out[page] = max(_aot.async_copy_depths(kernel.asm['ttgir']))\n"
         "print(json.dumps(out))")
-    contiguous = depths.pop("0/per_key")
+    contiguous = depths.pop("0")
     assert contiguous == decode_config(128).num_stages - 1
     assert depths == dict.fromkeys(depths, contiguous)
 
@@ -523,8 +517,8 @@ def build(kernel, constants, warps, stages, types=()):
     return bool(compiled.asm["cubin"])
 built = []
 for page, d, block_n, batch_idx, per_page, fp8 in (
-        (0, 128, 128, False, False, False), (16, 128, 128, False, False, False),
-        (256, 256, 64, False, False, False), (0, 64, 64, True, False, False),
+        (0, 128, 128, False, False, False), (256, 256, 64, False, True, False),
+        (0, 64, 64, True, False, False),
         (16, 128, 128, False, True, False), (256, 128, 128, False, True, False),
         (16, 128, 128, False, True, True)):
     built.append(build(_split_kv_decode, dict(

@@ -207,15 +207,18 @@ _BACKWARD_BASE: dict[tuple[int, bool], BackwardConfig] = {
 # at 4k) half the owned keys with 4 warps and 2 stages at d = 256 (161 TFLOP/s causal
 # against the base tiles' 143, 188 unmasked against 127), and its run 4 (the compile
 # sweep's candidates, bench/backward_d256_tiles.py) 32-row query tiles over 64 keys with
-# 8 warps and 3 stages, dQ 128 x 32 (spill-free wgmma): 193 causal, 224 unmasked.
+# 8 warps and 3 stages, dQ 128 x 32 (spill-free wgmma): 193 causal, 224 unmasked; session
+# 12's run 1 (bench/results/runs/2026-12-02-s12-run1/bwdtune/backward_tuning.jsonl) the
+# split dK/dV programs over 128 keys: 32 query rows at 2 stages causal (237 against 193),
+# 16 rows at 3 stages unmasked (258 against 222, the same run's unsplit 32 x 64).
 # Other buckets take the nearest one.
 BACKWARD_TUNED: dict[tuple[int, bool, int], BackwardConfig] = {
     (64, False, 4096): BackwardConfig(32, 128, 128, 64, 4, 3),
     (64, True, 4096): BackwardConfig(32, 128, 64, 64, 4, 3),
     (128, False, 4096): BackwardConfig(64, 128, 128, 64, 8, 3),
     (128, True, 4096): BackwardConfig(64, 128, 128, 64, 8, 3),
-    (256, False, 4096): BackwardConfig(32, 64, 128, 32, 8, 3),
-    (256, True, 4096): BackwardConfig(32, 64, 128, 32, 8, 3),
+    (256, False, 4096): BackwardConfig(16, 128, 128, 32, 8, 3, dkdv_split=True),
+    (256, True, 4096): BackwardConfig(32, 128, 128, 32, 8, 2, dkdv_split=True),
 }
 
 
@@ -267,33 +270,24 @@ class DecodeConfig:
     tiling one SM holds at once (shared memory bound: num_stages K+V tiles of
     block_n x d), which is what the split-count heuristic fills.
 
-    ``paged_loads`` (a paged cache only): ``"per_key"`` addresses every key of a tile
-    from its own table entry and its offset ``(start_n + i) % page_size``, which the
-    compiler cannot prove contiguous or aligned (the issue #32 measurements: paged at
-    0.69-0.82x of contiguous from 32k keys); ``"per_page"`` is the candidate: tiles
-    start at multiples of block_n (hinted), a tile inside one page is addressed from one
-    scalar base exactly like a contiguous tile, and a tile spanning pages reads its
-    block_n / page_size table entries once and broadcasts them over page-local offsets
-    (``bench/decode_h200.py --phases paged_sweep`` measures both).
+    A paged cache's tiles start at multiples of block_n: a tile inside one page is
+    addressed from one scalar base exactly like a contiguous tile, and a tile spanning
+    pages reads its block_n / page_size table entries once and broadcasts them over
+    page-local offsets (addressing every key from its own entry, the first form, ran
+    1.20-1.33x contiguous's time at page 16; this one 1.04-1.10x: session 12 run 1,
+    bench/NOTES.md S13).
     """
 
     block_n: int
     num_warps: int
     num_stages: int
     ctas_per_sm: int
-    paged_loads: str = "per_key"
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
             raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
         if self.ctas_per_sm < 1:
             raise ValueError(f"ctas_per_sm must be >= 1, got {self.ctas_per_sm}")
-        if self.paged_loads not in PAGED_LOADS:
-            raise ValueError(f"paged_loads must be one of {', '.join(PAGED_LOADS)}, got "
-                             f"{self.paged_loads!r}")
-
-
-PAGED_LOADS = ("per_key", "per_page")
 
 
 # Small key tiles on the CPU, so test caches of a few hundred keys span several tiles

@@ -503,7 +503,7 @@ class _DecodePlan:
             HAS_LEFTPAD=cache_leftpad is not None,
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=softcap > 0,
             UPCAST_DOT=interpreted and q.dtype == torch.bfloat16,
-            PER_PAGE=paged and self.config.paged_loads == "per_page", DESCALED=descaled,
+            PER_PAGE=paged, DESCALED=descaled,
             ROW_SCALED_Q=descaled and q.dtype == torch.bfloat16,
             num_warps=self.config.num_warps, num_stages=self.config.num_stages)
         self.out_strides = out_strides
@@ -604,5 +604,5 @@ def compile_for_sm90(head_dim: int, config: DecodeConfig, *, page_size: int = 0,
         BLOCK_M=packed_block_m(group_size, 1), BLOCK_N=config.block_n, PAGE_SIZE=page_size,
         HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False, HAS_LEFT=False,
         HAS_RIGHT=False, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
-        PER_PAGE=page_size > 0 and config.paged_loads == "per_page", DESCALED=False,
+        PER_PAGE=page_size > 0, DESCALED=False,
         ROW_SCALED_Q=False), num_warps=config.num_warps, num_stages=config.num_stages)
