@@ -251,6 +251,12 @@ def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
     assert dkdv.written_bytes == 2 * kv
     # Small outputs stay in L2 at the end: retained, not counted as DRAM writes.
     assert dq.write_bytes == dkdv.write_bytes == 0
+    # Split (BackwardConfig.dkdv_split): the dV program reads Q, dO, LSE and the dK
+    # program Q, dO, LSE, D, each over every query row of the group.
+    _, split = predict_attnlab_backward(shape, dq=tiling, dkdv=tiling, lse_log2=True,
+                                        dkdv_split=True)
+    assert split.read_bytes == 2 * kv + 2 * (2 * act + stats) + stats
+    assert split.written_bytes == 2 * kv
 
 
 def test_per_kernel_rows_compare_each_launch_and_list_what_the_model_lacks():
@@ -305,10 +311,10 @@ def test_a_fwd_bwd_case_pairs_the_forward_and_both_backward_kernels():
         assert comparison.kernels_match and not comparison.unmodelled
         assert sorted(p.role for p in comparison.pairs) == \
             ["attention", "backward_dkdv", "backward_dq"]
-    # d = 128 meets the goal; d = 256's Triton dK/dV spills registers to local memory,
-    # bytes the model (which counts tensors, not spills) does not have.
-    assert comparisons[128].meets_goal
+    # Both meet the goal; at d = 256 only with the dK and dV programs' two streams of the
+    # group's rows counted (session 12 run 3: 255.7 MB measured, one stream's 131.3).
+    assert comparisons[128].meets_goal and comparisons[256].meets_goal
     dkdv = next(p for p in comparisons[256].pairs if p.role == "backward_dkdv")
-    assert dkdv.measured.dram_bytes_read > 5 * dkdv.predicted.read_bytes
+    assert "separate programs" in dkdv.predicted.label
     with pytest.raises(ValueError, match="covers provider 'attnlab' only"):
         compare_case("sdpa_cudnn", comparisons[128].shape, [], phase=ncu.FWDBWD_PHASE)

@@ -139,8 +139,9 @@ def predict_backward(shape: AttentionShape, hw: cache_model.CacheHardware = cach
                      ) -> list[cache_model.PredictedKernel]:
     """The cache model's two attnlab backward kernels (dQ, dK/dV) for ``shape``."""
     plan = attnlab_backward_plan(shape)
-    return cache_model.predict_attnlab_backward(shape, hw, dq=plan["dq"], dkdv=plan["dkdv"],
-                                                lse_log2=plan["variant"] == "attnlab-sm90")
+    return cache_model.predict_attnlab_backward(
+        shape, hw, dq=plan["dq"], dkdv=plan["dkdv"], lse_log2=plan["variant"] == "attnlab-sm90",
+        dkdv_split=plan["sm90"] is None and plan["config"]["dkdv_split"])
 
 
 def logical_backward(shape: AttentionShape):

@@ -415,7 +415,8 @@ def _visible_query_rows(shape: AttentionShape) -> int:
 
 def predict_attnlab_backward(shape: AttentionShape, hw: CacheHardware = H200, *,
                              dq: FusedTiling, dkdv: FusedTiling,
-                             lse_log2: bool = False) -> list[PredictedKernel]:
+                             lse_log2: bool = False, dkdv_split: bool = False
+                             ) -> list[PredictedKernel]:
     """attnlab's two backward launches (``kernels/backward.py``), in launch order.
 
     dQ (grid: query tiles x batch x heads, ``dq.block_m`` rows each): Q, dO, O and LSE of
@@ -425,7 +426,10 @@ def predict_attnlab_backward(shape: AttentionShape, hw: CacheHardware = H200, *,
     KV heads, ``dkdv.block_n`` keys each, the group's query heads walked by one CTA): its
     K and V read once, the group's Q, dO, LSE and D rows shared by the key blocks of the
     KV head, re-read from DRAM once per wave when they do not fit; writes dK, dV once
-    per KV head (no GQA reduction).  The tilings come from the caller
+    per KV head (no GQA reduction).  With ``dkdv_split`` (``BackwardConfig.dkdv_split``)
+    two programs own each key block, one forming dV (it reads Q, dO, LSE), one dK (Q, dO,
+    LSE, D): each streams the group's rows, so the key blocks of a KV head make twice the
+    CTAs and the rows travel twice.  The tilings come from the caller
     (:func:`attnlab.measure.compare.predict_backward` reads the kernels' tables)."""
     s = _check(shape)
     b, d = s.element_bytes, s.head_dim
@@ -444,12 +448,17 @@ def predict_attnlab_backward(shape: AttentionShape, hw: CacheHardware = H200, *,
                f"share them, {dq_resident} resident)",
                "D" + (" and LSE (log2)" if lse_log2 else "") + " written (FP32)"))
     kv_blocks = -(-s.seqlen_k // dkdv.block_n)
-    q_per_kv_head = s.group_size * _visible_query_rows(s) * (2 * d * b + 2 * STATS_BYTES)
+    group_rows = s.group_size * _visible_query_rows(s)
+    q_per_kv_head = group_rows * (2 * d * b + 2 * STATS_BYTES)
+    if dkdv_split:
+        kv_blocks *= 2
+        q_per_kv_head += group_rows * (2 * d * b + STATS_BYTES)
     dkdv_resident = hw.sm_count * dkdv.launch.ctas_per_sm(hw)
     dkdv_passes = kv_dram_passes(kv_blocks, dkdv_resident, q_per_kv_head, hw)
     kv = s.batch * s.kv_heads * s.seqlen_k * d * b
     dkdv_kernel = _kernel(
-        "backward_dkdv", f"attnlab dK/dV ({dkdv.block_n} keys x {dkdv.block_m} rows)",
+        "backward_dkdv", f"attnlab dK/dV ({dkdv.block_n} keys x {dkdv.block_m} rows"
+                         f"{'; dK and dV by separate programs' if dkdv_split else ''})",
         unshared_reads=2 * kv, shared_reads=s.batch * s.kv_heads * q_per_kv_head * dkdv_passes,
         written=2 * kv, hw=hw,
         notes=(f"Q, dO, LSE, D read from DRAM {dkdv_passes}x per KV head ({kv_blocks} CTAs "
