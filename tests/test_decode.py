@@ -8,7 +8,6 @@ CUDA-graph capture).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
