@@ -19,7 +19,10 @@ One call does everything (issue #13's grid), so a lease is spent on measurements
    (decode_tuning.jsonl);
 5. ``paged_sweep`` (only when asked: ``--phases paged_sweep``, ~50 s, cap 60 s):
    contiguous vs paged 16 / 256 at B1 x 32k, B16 x 32k, B1 x 128k (d = 128)
-   and the seed's d = 256 B1 x 32k, tensor cache_seqlens (decode_paged_sweep.jsonl).
+   and the seed's d = 256 B1 x 32k, tensor cache_seqlens (decode_paged_sweep.jsonl);
+6. ``rows_sweep`` (only when asked, cap 90 s): 16 queries per sequence at B1 / B16 x 32k,
+   contiguous and paged 16 / 256, under the base tiling and ``ROWS_SWEEP_CONFIGS``
+   (decode_rows_sweep.jsonl).
 
 Writes decode.jsonl (records schema, phase "decode"), decode_launch.jsonl,
 correctness.jsonl, decode_tuning.jsonl into --out; prints a table last.  A
@@ -477,6 +480,67 @@ def paged_sweep(ctx) -> list[dict]:
             cells.append(f"page {page_size}: " + (
                 "-" if t is None or contiguous is None else f"{t / contiguous:.2f}x"))
         log(f"{row['shape']}: contiguous {contiguous or float('nan'):.1f} us; " + "; ".join(cells))
+    return out
+
+
+# ----- 6. tilings for several query rows per KV head (seqlen_q > 1) --------------------------
+# At 16 queries per sequence (64 rows per KV head) the d = 128 tiling spills (19 / 26
+# LDL/STL contiguous / page 16, Triton 3.6.0, compiled here) and page 16 ran at 0.72x of
+# contiguous (session 12 run 3); these tilings build spill-free at 64 rows.
+ROWS_SWEEP_POINTS = ((16, 32768, 16), (1, 32768, 16))
+ROWS_SWEEP_CONFIGS = (DecodeConfig(128, 8, 3, 1), DecodeConfig(64, 4, 4, 1),
+                      DecodeConfig(64, 8, 3, 2))
+
+
+def rows_sweep_points(args) -> list[AttentionShape]:
+    return [AttentionShape(batch=b, query_heads=HEADS, kv_heads=KV_HEADS, seqlen_q=sq,
+                           seqlen_k=n, head_dim=DIM, dtype="bf16", causal=True)
+            for b, n, sq in ROWS_SWEEP_POINTS]
+
+
+@bench.phase("rows_sweep", default=False, cap_s=90.0, plan=rows_sweep_points)
+def rows_sweep(ctx) -> list[dict]:
+    """Contiguous and paged (16, 256) caches under the base tiling and ROWS_SWEEP_CONFIGS."""
+    env, out = ctx.env, []
+    for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
+        log(f"== rows sweep {shape.describe()}")
+        b, n, sq = shape.batch, shape.seqlen_k, shape.seqlen_q
+        q = bf16(b, sq, HEADS, DIM, seed=1)
+        k, v = bf16(b, n, KV_HEADS, DIM, seed=2), bf16(b, n, KV_HEADS, DIM, seed=3)
+        lengths = torch.full((b,), n, dtype=torch.int32, device="cuda")
+        caches = {0: (k, v, None)}
+        for page_size in (16, 256):
+            (k_pages, table), (v_pages, _) = (pages_of(t, page_size) for t in (k, v))
+            caches[page_size] = (k_pages, v_pages, table)
+        base_out = None
+        for config in (decode_config(DIM), *ROWS_SWEEP_CONFIGS):
+            for page_size, (kc, vc, table) in caches.items():
+                name = (f"attnlab_decode{f'_paged{page_size}' if page_size else ''}"
+                        f"[block_n={config.block_n},warps={config.num_warps},"
+                        f"stages={config.num_stages}]")
+                try:
+                    def fn(q, k, v, n, config=config, table=table):
+                        return flash_decode(q, k, v, scale=shape.softmax_scale, causal=True,
+                                            cache_seqlens=n, block_table=table, config=config)
+                    # Against the base tiling's contiguous output (the GPU tests' tiling):
+                    # another tiling only reorders fp32 sums, far below bf16's 2^-8.
+                    got = fn(q, kc, vc, lengths)[0].float()
+                    base_out = got if base_out is None else base_out
+                    differs = (got - base_out).abs().max().item()
+                    if not differs <= 2e-2:
+                        ctx.fail()
+                    record = measure(name, fn, (q, kc, vc, lengths), shape, env,
+                                     kernel_names=KERNEL_NAMES)
+                    out.append(record)
+                    log(f"  {name:58s} {record['p50'] * 1e3:9.1f} us  {record['tbps']:.2f} TB/s"
+                        f"  max |out - base| {differs:.1e}")
+                except Exception as error:  # noqa: BLE001 -- recorded, the sweep goes on
+                    traceback.print_exc()
+                    out.append(skipped(name, shape, f"failed: {type(error).__name__}: {error}",
+                                       env))
+        ctx.upsert("decode_rows_sweep.jsonl", out)
+        del q, k, v, caches
+        torch.cuda.empty_cache()
     return out
 
 

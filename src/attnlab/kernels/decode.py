@@ -595,14 +595,13 @@ def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, s
 # ---------------------------------------------------------------------------
 
 def compile_for_sm90(head_dim: int, config: DecodeConfig, *, page_size: int = 0,
-                     dtype: str = "bf16", group_size: int = 4):
-    """The split-KV kernel as a one-token call on a bf16/fp16 cache (tensor cache_seqlens,
-    causal, contiguous or paged with ``page_size``) compiles it for sm_90a, here, without a
-    GPU (``kernels/_aot``)."""
+                     dtype: str = "bf16", group_size: int = 4, seqlen_q: int = 1):
+    """The split-KV kernel as a call of ``seqlen_q`` new tokens on a bf16/fp16 cache
+    (tensor cache_seqlens, causal, contiguous or paged with ``page_size``) compiles it for
+    sm_90a, here, without a GPU (``kernels/_aot``)."""
     return compile_triton(_split_kv_decode, dtype, dict(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_padded(head_dim),
-        BLOCK_M=packed_block_m(group_size, 1), BLOCK_N=config.block_n, PAGE_SIZE=page_size,
-        HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False, HAS_LEFT=False,
-        HAS_RIGHT=False, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
-        PER_PAGE=page_size > 0, DESCALED=False,
-        ROW_SCALED_Q=False), num_warps=config.num_warps, num_stages=config.num_stages)
+        BLOCK_M=packed_block_m(group_size, seqlen_q), BLOCK_N=config.block_n,
+        PAGE_SIZE=page_size, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
+        HAS_LEFT=False, HAS_RIGHT=seqlen_q > 1, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
+        UPCAST_DOT=False, PER_PAGE=page_size > 0, DESCALED=False, ROW_SCALED_Q=False), num_warps=config.num_warps, num_stages=config.num_stages)
