@@ -183,3 +183,16 @@ def test_the_fp8_decode_provider_stores_an_e4m3_cache_and_is_judged_on_its_value
     # The same output judged on the bf16 cache it was quantised from fails: the check
     # reads the values the call was given.
     assert not check_output(out, drawn, provider("attnlab_decode"), shape).passed
+
+
+def test_an_fp8_cache_provider_is_credited_with_the_bytes_it_stores():
+    # attnlab bench's TB/s: an e4m3 cache moves 1 byte per K/V element, not the shape's 2.
+    from attnlab.measure.sweep import compulsory_bytes
+
+    shape = AttentionShape(batch=2, query_heads=8, kv_heads=2, seqlen_q=1, seqlen_k=4096,
+                           head_dim=128, dtype="bf16", causal=True)
+    q = 2 * 8 * 1 * 128 * 2
+    kv_bf16 = 2 * 2 * 2 * 4096 * 128 * 2
+    assert compulsory_bytes(shape, "decode") == 2 * q + kv_bf16
+    assert PROVIDERS["attnlab_decode_fp8"].storage.kv_dtype == "fp8"
+    assert compulsory_bytes(shape, "decode", kv_dtype="fp8") == 2 * q + kv_bf16 // 2

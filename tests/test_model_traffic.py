@@ -400,6 +400,20 @@ def test_attnlab_backward_is_two_launches_with_d_from_the_dq_pass():
     assert fa2.total_bytes - t.total_bytes == ACT + 4096 * 4
 
 
+def test_split_dkdv_programs_stream_the_query_rows_twice_and_form_s_twice():
+    # BackwardConfig.dkdv_split: the dV program reads Q, dO, LSE; the dK program Q, dO,
+    # LSE and D.  Five MMAs per tile pair instead of four.
+    one = traffic.backward_traffic(CAUSAL, variant="attnlab").kernels[1]
+    two = traffic.backward_traffic(CAUSAL, variant="attnlab", dkdv_split=True).kernels[1]
+    q_rows = 135_168
+    assert dict(two.reads) == {"K": ACT, "V": ACT, "Q": 2 * q_rows * ROW,
+                               "dO": 2 * q_rows * ROW, "LSE": 2 * q_rows * 4, "D": q_rows * 4}
+    assert dict(two.writes) == dict(one.writes)
+    assert two.flops * 8 == one.flops * 10
+    with pytest.raises(ValueError, match="dkdv_split is the Triton dK/dV kernel's"):
+        traffic.backward_traffic(CAUSAL, variant="attnlab-sm90", dkdv_split=True)
+
+
 def test_attnlab_backward_reads_kv_once_per_kv_head_and_adds_no_reduction():
     shape = preset("qwen-gqa").shape(1024)
     t = traffic.backward_traffic(shape, scope="layer", variant="attnlab")

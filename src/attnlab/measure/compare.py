@@ -141,7 +141,13 @@ def predict_backward(shape: AttentionShape, hw: cache_model.CacheHardware = cach
     plan = attnlab_backward_plan(shape)
     return cache_model.predict_attnlab_backward(
         shape, hw, dq=plan["dq"], dkdv=plan["dkdv"], lse_log2=plan["variant"] == "attnlab-sm90",
-        dkdv_split=plan["sm90"] is None and plan["config"]["dkdv_split"])
+        dkdv_split=_split_dkdv(plan))
+
+
+def _split_dkdv(plan: dict) -> bool:
+    """Whether the plan's dK/dV runs as two programs per key block (the Triton kernel's
+    ``BackwardConfig.dkdv_split``; the Gluon kernel has no such form)."""
+    return plan["sm90"] is None and plan["config"]["dkdv_split"]
 
 
 def logical_backward(shape: AttentionShape):
@@ -150,7 +156,8 @@ def logical_backward(shape: AttentionShape):
 
     plan = attnlab_backward_plan(shape)
     return traffic.backward_traffic(shape, variant=plan["variant"], scope="layer",
-                                    dq_tiles=plan["dq_tiles"], dkdv_tiles=plan["dkdv_tiles"])
+                                    dq_tiles=plan["dq_tiles"], dkdv_tiles=plan["dkdv_tiles"],
+                                    dkdv_split=_split_dkdv(plan))
 
 
 def predicted_kernel_count(provider: str, shape: AttentionShape) -> int | None:

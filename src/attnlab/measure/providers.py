@@ -100,10 +100,13 @@ class ProviderUnavailable(ValueError):
 class Storage:
     """How a provider's call holds its inputs: ``store(q, k, v)`` gives the call's
     arguments (made outside the timed call), ``values(*arguments)`` the (q, k, v) they
-    stand for; both batch-major, so the check may judge the first sequences alone."""
+    stand for; both batch-major, so the check may judge the first sequences alone.
+    ``kv_dtype``: what K and V are stored as, where not the shape's dtype (the bytes a
+    call must move, :func:`attnlab.measure.sweep.compulsory_bytes`)."""
 
     store: Callable
     values: Callable
+    kv_dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -463,7 +466,7 @@ def _fp8_cache_values(q, k8, v8, k_descale, v_descale) -> tuple:
     return q, dequantize(k8, per_head(k_descale)), dequantize(v8, per_head(v_descale))
 
 
-FP8_CACHE = Storage(_store_fp8_cache, _fp8_cache_values)
+FP8_CACHE = Storage(_store_fp8_cache, _fp8_cache_values, kv_dtype="fp8")
 
 
 # ----- external libraries ----------------------------------------------------------------------

@@ -61,11 +61,15 @@ def flops(shape: AttentionShape, phase: str) -> int:
     return forward + backward_flops(shape) if phase == "fwdbwd" else forward
 
 
-def compulsory_bytes(shape: AttentionShape, phase: str) -> int:
-    """Bytes any implementation must move: inputs read once, outputs written once."""
+def compulsory_bytes(shape: AttentionShape, phase: str, *, kv_dtype: str | None = None) -> int:
+    """Bytes any implementation must move: inputs read once, outputs written once; K and
+    V in the dtype they are stored in (``kv_dtype``: an fp8 cache moves 1 byte each)."""
+    from attnlab.model.traffic import kv_element_bytes
+
     b = shape.element_bytes
     q = shape.batch * shape.query_heads * shape.seqlen_q * shape.head_dim * b
-    kv = 2 * shape.batch * shape.kv_heads * shape.seqlen_k * shape.head_dim * b
+    kv = (2 * shape.batch * shape.kv_heads * shape.seqlen_k * shape.head_dim
+          * kv_element_bytes(shape, kv_dtype))
     forward = q + kv + q                       # Q, K, V read; O written
     if phase != "fwdbwd":
         return forward
@@ -222,7 +226,8 @@ def measure_point(p: Provider, shape: AttentionShape, phase: str, *, device: str
         kernel="call", provider=p.name, phase=phase, shape=shape, metric="latency", unit="ms",
         p20=result.p20, p50=result.p50, p80=result.p80, repeats=result.repeats, env=env,
         tflops=count_flops(shape, phase) / seconds / 1e12,
-        tbps=compulsory_bytes(shape, phase) / seconds / 1e12, kernel_names=names,
+        tbps=compulsory_bytes(shape, phase, kv_dtype=p.storage and p.storage.kv_dtype)
+        / seconds / 1e12, kernel_names=names,
         timing_method=result.describe_method())
     return PointResult(p.name, phase, shape, record, result.p50, check, uncaptured)
 

@@ -415,7 +415,8 @@ BACKWARD_VARIANTS = ("two-pass", "atomic-dq", "attnlab", "attnlab-sm90")
 
 def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope: str = "head",
                      layers: int | None = None, dq_tiles: tuple[int, int] | None = None,
-                     dkdv_tiles: tuple[int, int] | None = None) -> Traffic:
+                     dkdv_tiles: tuple[int, int] | None = None,
+                     dkdv_split: bool = False) -> Traffic:
     """FlashAttention-2 backward with recomputation: S and P rebuilt from Q, K and the LSE.
 
     Always a preprocess kernel D = rowsum(dO * O) (FP32 per query row).  Then
@@ -438,10 +439,16 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     ``dkdv_tiles`` (``dkdv_block_m/n``, or the Gluon kernel's ``block_m`` and 128 keys);
     by default the shape's ``block_m``/``block_n`` (the model does not import the kernels'
     tables: :func:`attnlab.measure.compare.attnlab_backward_tiles` reads them).
+    ``dkdv_split`` (``BackwardConfig.dkdv_split``, ``"attnlab"`` only): two programs per
+    key block, one forming dV (reads Q, dO, LSE; computes S and P^T dO), one dK (Q, dO,
+    LSE, D; S, dP and dS^T Q), so the query rows travel twice and S is formed twice.
     """
     check_shape(shape)
     if variant not in BACKWARD_VARIANTS:
         raise ValueError(f"variant must be one of {list(BACKWARD_VARIANTS)}, got {variant!r}")
+    if dkdv_split and variant != "attnlab":
+        raise ValueError(f"dkdv_split is the Triton dK/dV kernel's (variant 'attnlab'), got "
+                         f"variant {variant!r}")
     if not variant.startswith("attnlab") and (dq_tiles, dkdv_tiles) != (None, None):
         raise ValueError(f"dq_tiles/dkdv_tiles are attnlab's kernels' tiles; variant "
                          f"{variant!r} has B_r x B_c in both passes (the shape's)")
@@ -460,7 +467,8 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     if variant.startswith("attnlab"):
         default = (s.block_m, s.block_n)
         return _attnlab_backward(sc, shape, variant, _tiles(dq_tiles or default, "dq_tiles"),
-                                 _tiles(dkdv_tiles or default, "dkdv_tiles"), pairs)
+                                 _tiles(dkdv_tiles or default, "dkdv_tiles"), pairs,
+                                 bool(dkdv_split))
     stages = [sc.kernel("backward preprocess D = rowsum(dO * O)", {"O": qo, "dO": qo}, {"D": stats},
                         2 * s.head_dim * s.seqlen_q * heads)]
     if variant == "two-pass":
@@ -515,7 +523,7 @@ def _tiles(tiles, name: str) -> tuple[int, int]:
 
 
 def _attnlab_backward(sc, shape: AttentionShape, variant: str, dq_tiles: tuple[int, int],
-                      dkdv_tiles: tuple[int, int], pairs: int) -> Traffic:
+                      dkdv_tiles: tuple[int, int], pairs: int, split: bool) -> Traffic:
     """backward_traffic's ``"attnlab"`` and ``"attnlab-sm90"`` (see there)."""
     s = sc.shape
     heads = s.batch * s.query_heads
@@ -529,6 +537,7 @@ def _attnlab_backward(sc, shape: AttentionShape, variant: str, dq_tiles: tuple[i
     q_rows = tile_plan(s.replace(block_m=dkdv_tiles[0],
                                  block_n=dkdv_tiles[1])).query_rows_times_tiles()
     lse = "LSE (log2)" if variant == "attnlab-sm90" else "LSE"
+    copies = 2 if split else 1  # the query rows each dK/dV program streams
     dq_writes = {"dQ": qo, "D": stats, **({lse: stats} if lse != "LSE" else {})}
     stages = (
         sc.kernel(f"attnlab dQ (query tiles outer, {dq_tiles[0]} x {dq_tiles[1]}; forms and "
@@ -537,11 +546,14 @@ def _attnlab_backward(sc, shape: AttentionShape, variant: str, dq_tiles: tuple[i
                    "K": heads * kv_rows * act, "V": heads * kv_rows * act},
                   dq_writes, 6 * s.head_dim * pairs * heads + 2 * s.head_dim * s.seqlen_q * heads),
         sc.kernel(f"attnlab dK/dV (KV tiles outer, {dkdv_tiles[1]} keys x {dkdv_tiles[0]} "
-                  "rows, the GQA group summed in registers)",
-                  {"K": kv_once, "V": kv_once, "Q": heads * q_rows * act,
-                   "dO": heads * q_rows * act, lse: heads * q_rows * STATS_BYTES,
+                  "rows, the GQA group summed in registers"
+                  f"{'; dK and dV by separate programs' if split else ''})",
+                  {"K": kv_once, "V": kv_once, "Q": copies * heads * q_rows * act,
+                   "dO": copies * heads * q_rows * act,
+                   lse: copies * heads * q_rows * STATS_BYTES,
                    "D": heads * q_rows * STATS_BYTES},
-                  {"dK": kv_once, "dV": kv_once}, 8 * s.head_dim * pairs * heads),
+                  {"dK": kv_once, "dV": kv_once},
+                  (10 if split else 8) * s.head_dim * pairs * heads),
     )
     kernel = "the Gluon sm_90 dK/dV kernel" if variant == "attnlab-sm90" else "the Triton kernels"
     return Traffic(
