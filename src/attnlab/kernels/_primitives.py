@@ -216,8 +216,9 @@ def _page_entries(block_table_row, start_n, seqlen_k, limit, BLOCK_N: tl.constex
                   PAGE_SIZE: tl.constexpr, PER_PAGE: tl.constexpr = False):
     """The block table's raw entries for keys [start_n, start_n + BLOCK_N) of one sequence,
     in :func:`_checked_pages`' form: one (a scalar) when the tile lies in one page; with
-    PER_PAGE (the ``DecodeConfig.paged_loads`` candidate, tiles at multiples of BLOCK_N)
-    a tile spanning pages reads its BLOCK_N / PAGE_SIZE entries once; else one per key.
+    PER_PAGE (the decode kernel's tiles, which start at multiples of BLOCK_N) a tile
+    spanning pages reads its BLOCK_N / PAGE_SIZE entries once; else one per key (the
+    forward's paged varlen tiles).
     Entries are read only for keys below both ``limit`` and seqlen_k (0 elsewhere)."""
     if PAGE_SIZE % BLOCK_N != 0 and PER_PAGE and BLOCK_N % PAGE_SIZE == 0:
         column = start_n // PAGE_SIZE + tl.arange(0, BLOCK_N // PAGE_SIZE)
