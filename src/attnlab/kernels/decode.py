@@ -509,13 +509,19 @@ class _DecodePlan:
         self.out_strides = out_strides
         self.head_dim_pad = head_dim_pad
         self.launches: dict[int, tuple] = {}
+        self.capacity_splits: int | None = None
 
     def splits(self, num_splits: int, cache_seqlen: int, max_seqlen_k: int | None) -> int:
         """The call's split count: as asked, else from the longest possible key count."""
         if num_splits:
             return num_splits
         if max_seqlen_k is None:
-            max_seqlen_k = self.capacity if self.seqlens_tensor else cache_seqlen + self.seqlen_new
+            if self.seqlens_tensor:
+                # The capacity bounds every length: one count for the plan's life.
+                if self.capacity_splits is None:
+                    self.capacity_splits = self.splits(0, 0, self.capacity)
+                return self.capacity_splits
+            max_seqlen_k = cache_seqlen + self.seqlen_new
         return dispatch.choose_num_splits(
             batch=self.batch, kv_heads=self.num_kv_heads, row_blocks=self.row_blocks,
             kv_tiles=max(1, -(-max_seqlen_k // self.config.block_n)), sm_count=self.sms,
@@ -559,7 +565,8 @@ class _DecodePlan:
               unused if cache_leftpad is None else cache_leftpad,
               unused if block_table is None else block_table,
               unused if self.errors is None else self.errors,
-              *(unused if t is None else t for t in descales), cache_seqlen)
+              unused if descales[0] is None else descales[0],
+              unused if descales[1] is None else descales[1], cache_seqlen)
         if combine is not None:
             combine(o_part, lse_part, out, lse)
         if self.return_partials:
