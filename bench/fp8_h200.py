@@ -19,8 +19,9 @@ One call for the lead's lease (issue 31), about 110 s with compiles:
 4. ``tune`` (only when asked, cap 75 s): other fp8 decode tilings (both head shapes, batch 1
    and 16 x 32k) and prefill tilings;
 5. ``ncu`` (only when asked, cap 150 s; refused in one line without ncu): Nsight Compute's
-   DRAM bytes of the measurement harness's ``attnlab_decode`` and ``attnlab_decode_fp8``
-   (the same cache and its e4m3 copy) at batch 1 and 16 x 32k, both head shapes, against
+   DRAM bytes of the measurement harness's ``attnlab_decode``, ``attnlab_decode_fp8`` and
+   ``attnlab_decode_paged16`` (the same cache, its e4m3 copy, and the same rows in 16-token
+   pages: the paged loads' bytes, issue #32) at batch 1 and 16 x 32k, both head shapes, against
    the cache-aware byte model (``measure.compare.predict``): one row per kernel in
    decode_ncu_vs_model.jsonl (measured, predicted, relative error, within the 15% goal),
    the counters as records in decode_ncu.jsonl, ncu's CSVs and log under ncu/, the
@@ -346,13 +347,14 @@ def setup(ctx) -> None:
 
 
 # ----- 5. ncu ----------------------------------------------------------------------------------
-NCU_PROVIDERS = ("attnlab_decode", "attnlab_decode_fp8")
+NCU_PROVIDERS = ("attnlab_decode", "attnlab_decode_fp8", "attnlab_decode_paged16")
 NCU_TIMEOUT_S = 600.0
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def ncu_cases(args) -> list[tuple[str, str, AttentionShape]]:
-    """(provider, phase, shape): the bf16 and fp8 caches side by side, batch 1 and 16 x 32k."""
+    """(provider, phase, shape): the bf16, fp8 and paged bf16 caches side by side, batch 1
+    and 16 x 32k."""
     for name in NCU_PROVIDERS:
         PROVIDERS[name]  # noqa: B018 - a renamed provider fails here, on a CPU
     return [(name, "decode", decode_shape(batch, 32768, heads, kv_heads, dim))

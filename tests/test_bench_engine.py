@@ -431,10 +431,11 @@ def test_the_fp8_ncu_plan_puts_both_caches_side_by_side_at_every_shape(bench_scr
               for _, _, s in cases}
     assert shapes == {(b, hq, hk, d, 1, 32768, "bf16") for b in (1, 16)
                       for hq, hk, d in ((32, 8, 128), (24, 4, 256))}
-    assert [name for name, _, _ in cases] == ["attnlab_decode", "attnlab_decode_fp8"] * 4
+    assert [name for name, _, _ in cases] == \
+        ["attnlab_decode", "attnlab_decode_fp8", "attnlab_decode_paged16"] * 4
     assert {phase for _, phase, _ in cases} == {"decode"} and all(s.causal for _, _, s in cases)
     assert all(name in PREDICTED_PROVIDERS for name, _, _ in cases)
-    assert len({case_label(*case) for case in cases}) == 8
+    assert len({case_label(*case) for case in cases}) == 12
 
 
 def test_the_fp8_ncu_phase_without_ncu_is_one_line_before_any_work(bench_script, monkeypatch,

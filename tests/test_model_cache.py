@@ -233,6 +233,17 @@ def test_the_fp8_decode_provider_is_predicted_at_its_own_launch():
         cm.logical_bytes("sdpa_cudnn", shape, kv_dtype="fp8")
 
 
+def test_a_paged_cache_reads_the_same_rows_and_its_live_block_table_entries():
+    from attnlab.measure.compare import predict
+
+    shape = DECODE_16x32K
+    contiguous, paged = predict("attnlab_decode", shape), predict("attnlab_decode_paged16", shape)
+    assert [k.role for k in paged] == [k.role for k in contiguous]
+    table = shape.batch * shape.seqlen_k // 16 * 4
+    assert paged[0].read_bytes - contiguous[0].read_bytes == table
+    assert paged[1:] == contiguous[1:]
+
+
 def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
     from attnlab.model.cache import FusedTiling, Launch, predict_attnlab_backward
 

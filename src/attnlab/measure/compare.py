@@ -39,9 +39,11 @@ _ROLE_PATTERNS = (
 
 
 # The decode API's providers and the cache each stores, as the byte model takes it
-# (measure.providers: attnlab_decode_fp8 quantises per (batch, KV head)).
+# (measure.providers: attnlab_decode_fp8 quantises per (batch, KV head); the paged one
+# holds the same rows in 16-token pages).
 DECODE_API_CACHES: dict[str, dict] = {
     "attnlab_decode": {},
+    "attnlab_decode_paged16": {"page_size": 16},
     "attnlab_decode_fp8": {"kv_dtype": "fp8", "kv_scales": "kv-head"},
 }
 # Providers the cache model predicts: the peers from their shape, attnlab's from its

@@ -69,6 +69,7 @@ from attnlab.shapes import AttentionShape, check_shape
 
 MiB = 2**20
 STATS_BYTES = 4     # LSE and split partials are FP32 in every kernel modelled here
+TABLE_ENTRY_BYTES = 4  # a paged cache's block table: int32 page numbers
 PARTIAL_BYTES = 4
 MASK_BYTES = 1      # torch.bool
 
@@ -470,15 +471,21 @@ def predict_attnlab_backward(shape: AttentionShape, hw: CacheHardware = H200, *,
 
 def predict_attnlab_decode(shape: AttentionShape, num_splits: int,
                            hw: CacheHardware = H200, *, kv_dtype: str | None = None,
-                           kv_scales: str = "tensor") -> list[PredictedKernel]:
+                           kv_scales: str = "tensor", page_size: int = 0
+                           ) -> list[PredictedKernel]:
     """attnlab's split-KV decode: the query heads of a KV group packed in one program,
     so K/V are read once per KV head; with one split the kernel writes O and LSE
     itself (no combine).  ``num_splits`` is the launcher's choice for the shape
     (:func:`attnlab.kernels.decode.launch_plan`, passed in by the caller).  ``kv_dtype``
     and ``kv_scales``: the cache's storage (:func:`decode_kv_bytes`); Q and O stay in
-    the shape's dtype."""
+    the shape's dtype.  ``page_size`` (a paged cache): the same K/V rows, found through
+    the block table, whose int32 entries for the live pages are read too (a split reads
+    its own pages' entries; the one it reads ahead past its last tile lies in the next
+    split's pages or past the sequence, masked)."""
     s = _check(shape)
     kv = decode_kv_bytes(s, kv_dtype=kv_dtype, kv_scales=kv_scales)
+    if page_size:
+        kv += s.batch * -(-_visible_kv_rows(s) // page_size) * TABLE_ENTRY_BYTES
     if num_splits >= 2:
         return predict_split_kv(s, num_splits, FusedTiling(s.seqlen_q, 0, Launch(128, 255, 0)),
                                 hw, kv_bytes=kv)
