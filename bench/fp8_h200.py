@@ -39,6 +39,7 @@ batch 1 from 32k; fp8 prefill >= 1.4x bf16 at d = 128 from 4k).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -56,6 +57,7 @@ from attnlab.kernels.decode import flash_decode
 from attnlab.kernels.dispatch import sm_count
 from attnlab.kernels.forward import flash_forward_fp8
 from attnlab.measure import records
+from attnlab.measure.dispatch import kernels_that_ran
 from attnlab.measure.engine import Bench, Unavailable
 from attnlab.measure.providers import PROVIDERS, ProviderUnavailable, make_inputs, prepare
 from attnlab.measure.timing import time_call
@@ -111,10 +113,14 @@ def skipped(ctx, name, shape, phase, reason):
 def measure(ctx, name, shape, phase, fn, inputs, *, moved=None, flops=None, context=None,
             kernel_names=()):
     """One provider at one point: its record (TB/s over ``moved`` bytes, TFLOP/s over
-    ``flops``), or a skipped record saying why it failed; the run goes on either way."""
+    ``flops``; the kernels the profiler saw it launch, one of them containing a piece of
+    ``kernel_names``), or a skipped record saying why it failed; the run goes on either
+    way."""
     try:
         with torch.no_grad():
             timing = timed(fn, inputs, context)
+            with context() if context is not None else contextlib.nullcontext():
+                kernel_names = kernels_that_ran(fn, inputs, tuple(kernel_names))
     except Exception as error:  # noqa: BLE001 -- record and go on
         traceback.print_exc()
         return skipped(ctx, name, shape, phase, f"failed: {type(error).__name__}: {error}")

@@ -118,3 +118,17 @@ def test_bad_traces_are_refused(tmp_path):
 def test_profiling_needs_cuda():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         dispatch.profile_call(lambda: None, ())
+
+
+def test_a_record_names_the_kernels_that_ran_not_the_ones_meant(monkeypatch):
+    class Seen:
+        def names(self):
+            return ["_split_kv_decode", "void at::native::fill_kernel"]
+
+    monkeypatch.setattr(dispatch, "profile_call", lambda call, args: Seen())
+    assert dispatch.kernels_that_ran(print, (), ("_split_kv_decode", "_combine_partials")) == \
+        ["_split_kv_decode", "void at::native::fill_kernel"]
+    assert dispatch.kernels_that_ran(print, ()) == Seen().names()
+    with pytest.raises(RuntimeError, match="saw none of the kernels _attn_fwd; it saw "
+                                           "_split_kv_decode, void at::native::fill_kernel"):
+        dispatch.kernels_that_ran(print, (), ("_attn_fwd",))

@@ -50,3 +50,15 @@ def profile_call(call, args: tuple, *, warmup: int = 1,
     if not kernels.kernels:
         raise RuntimeError("the profiler recorded no GPU kernels for this call")
     return kernels
+
+
+def kernels_that_ran(call, args: tuple, expected: tuple[str, ...] = ()) -> list[str]:
+    """The names of the GPU kernels ``call(*args)`` launched (:func:`profile_call`), for
+    a record's ``kernel_names``: what ran, not what was meant to.  RuntimeError when
+    ``expected`` (pieces of names) is given and no launched kernel contains one."""
+    names = profile_call(call, args).names()
+    if expected and not any(piece in name for piece in expected for name in names):
+        shown = ", ".join(names[:4]) + (" ..." if len(names) > 4 else "")
+        raise RuntimeError(f"the profiler saw none of the kernels {', '.join(expected)}; it "
+                           f"saw {shown}")
+    return names
