@@ -31,7 +31,6 @@ configuration of attnlab.measure.engine (phases, --out, environment, records).
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 import traceback
@@ -237,8 +236,7 @@ def measure(name, fn, inputs, shape, env, *, context=None, kernel_names=()):
                            context=context, target_ms=60.0, max_repeats=100)
     # The record names what the profiler saw launch (one of ``kernel_names`` among them),
     # not what was meant to: a one-split call runs no combine.
-    with context() if context is not None else contextlib.nullcontext():
-        names = kernels_that_ran(fn, inputs, tuple(kernel_names))
+    names = kernels_that_ran(fn, inputs, tuple(kernel_names), owner=name, context=context)
     tbps = kv_bytes(shape) / (timing.p50 * 1e-3) / 1e12
     record = records.make_record(
         kernel="call", provider=name, phase="decode", shape=shape, metric="latency", unit="ms",

@@ -39,7 +39,6 @@ batch 1 from 32k; fp8 prefill >= 1.4x bf16 at d = 128 from 4k).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import sys
@@ -119,8 +118,8 @@ def measure(ctx, name, shape, phase, fn, inputs, *, moved=None, flops=None, cont
     try:
         with torch.no_grad():
             timing = timed(fn, inputs, context)
-            with context() if context is not None else contextlib.nullcontext():
-                kernel_names = kernels_that_ran(fn, inputs, tuple(kernel_names))
+            kernel_names = kernels_that_ran(fn, inputs, tuple(kernel_names), owner=name,
+                                            context=context)
     except Exception as error:  # noqa: BLE001 -- record and go on
         traceback.print_exc()
         return skipped(ctx, name, shape, phase, f"failed: {type(error).__name__}: {error}")

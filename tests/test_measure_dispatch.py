@@ -125,10 +125,21 @@ def test_a_record_names_the_kernels_that_ran_not_the_ones_meant(monkeypatch):
         def names(self):
             return ["_split_kv_decode", "void at::native::fill_kernel"]
 
+    entered = []
+
+    class Pin:
+        def __enter__(self):
+            entered.append(True)
+
+        def __exit__(self, *exc):
+            return False
+
     monkeypatch.setattr(dispatch, "profile_call", lambda call, args: Seen())
-    assert dispatch.kernels_that_ran(print, (), ("_split_kv_decode", "_combine_partials")) == \
-        ["_split_kv_decode", "void at::native::fill_kernel"]
+    assert dispatch.kernels_that_ran(print, (), ("_split_kv_decode", "_combine_partials"),
+                                     context=Pin) == Seen().names()
+    assert entered == [True]
     assert dispatch.kernels_that_ran(print, ()) == Seen().names()
-    with pytest.raises(RuntimeError, match="saw none of the kernels _attn_fwd; it saw "
-                                           "_split_kv_decode, void at::native::fill_kernel"):
-        dispatch.kernels_that_ran(print, (), ("_attn_fwd",))
+    with pytest.raises(RuntimeError, match="saw none of attnlab_decode's kernels \\(a name "
+                                           "containing '_attn_fwd'\\); it saw _split_kv_decode, "
+                                           "void at::native::fill_kernel"):
+        dispatch.kernels_that_ran(print, (), ("_attn_fwd",), owner="attnlab_decode")

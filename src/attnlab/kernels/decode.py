@@ -509,19 +509,20 @@ class _DecodePlan:
         self.out_strides = out_strides
         self.head_dim_pad = head_dim_pad
         self.launches: dict[int, tuple] = {}
-        self.capacity_splits: int | None = None
+        # Tensor cache_seqlens: the capacity bounds every length, so one count serves.
+        self.capacity_splits = self._splits_for(capacity)
 
     def splits(self, num_splits: int, cache_seqlen: int, max_seqlen_k: int | None) -> int:
         """The call's split count: as asked, else from the longest possible key count."""
         if num_splits:
             return num_splits
-        if max_seqlen_k is None:
-            if self.seqlens_tensor:
-                # The capacity bounds every length: one count for the plan's life.
-                if self.capacity_splits is None:
-                    self.capacity_splits = self.splits(0, 0, self.capacity)
-                return self.capacity_splits
-            max_seqlen_k = cache_seqlen + self.seqlen_new
+        if max_seqlen_k is not None:
+            return self._splits_for(max_seqlen_k)
+        if self.seqlens_tensor:
+            return self.capacity_splits
+        return self._splits_for(cache_seqlen + self.seqlen_new)
+
+    def _splits_for(self, max_seqlen_k: int) -> int:
         return dispatch.choose_num_splits(
             batch=self.batch, kv_heads=self.num_kv_heads, row_blocks=self.row_blocks,
             kv_tiles=max(1, -(-max_seqlen_k // self.config.block_n)), sm_count=self.sms,
@@ -611,4 +612,5 @@ def compile_for_sm90(head_dim: int, config: DecodeConfig, *, page_size: int = 0,
         BLOCK_M=packed_block_m(group_size, seqlen_q), BLOCK_N=config.block_n,
         PAGE_SIZE=page_size, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
         HAS_LEFT=False, HAS_RIGHT=seqlen_q > 1, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
-        UPCAST_DOT=False, PER_PAGE=page_size > 0, DESCALED=False, ROW_SCALED_Q=False), num_warps=config.num_warps, num_stages=config.num_stages)
+        UPCAST_DOT=False, PER_PAGE=page_size > 0, DESCALED=False, ROW_SCALED_Q=False),
+        num_warps=config.num_warps, num_stages=config.num_stages)

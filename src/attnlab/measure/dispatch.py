@@ -14,6 +14,7 @@ baseline: 12 kernels, 91.5% of the time outside its two GEMMs).
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -52,13 +53,26 @@ def profile_call(call, args: tuple, *, warmup: int = 1,
     return kernels
 
 
-def kernels_that_ran(call, args: tuple, expected: tuple[str, ...] = ()) -> list[str]:
-    """The names of the GPU kernels ``call(*args)`` launched (:func:`profile_call`), for
-    a record's ``kernel_names``: what ran, not what was meant to.  RuntimeError when
-    ``expected`` (pieces of names) is given and no launched kernel contains one."""
-    names = profile_call(call, args).names()
-    if expected and not any(piece in name for piece in expected for name in names):
-        shown = ", ".join(names[:4]) + (" ..." if len(names) > 4 else "")
-        raise RuntimeError(f"the profiler saw none of the kernels {', '.join(expected)}; it "
-                           f"saw {shown}")
+
+def kernel_proof_failure(owner: str, expected, names) -> str | None:
+    """Why the profiled kernel ``names`` do not prove that ``owner``'s kernel ran (none
+    contains a piece of ``expected``), or None (also when nothing is expected)."""
+    if not expected or any(piece in name for piece in expected for name in names):
+        return None
+    shown = ", ".join(names[:4]) + (" ..." if len(names) > 4 else "") or "no kernels"
+    return (f"the profiler saw none of {owner}'s kernels (a name containing "
+            f"{' or '.join(map(repr, expected))}); it saw {shown}")
+
+
+def kernels_that_ran(call, args: tuple, expected: tuple[str, ...] = (), *,
+                     owner: str = "the call", context=None) -> list[str]:
+    """The names of the GPU kernels ``call(*args)`` launched (:func:`profile_call`, inside
+    ``context()`` where given, as the timer takes it), for a record's ``kernel_names``:
+    what ran, not what was meant to.  RuntimeError (:func:`kernel_proof_failure`) when
+    none contains a piece of ``expected``."""
+    with context() if context is not None else contextlib.nullcontext():
+        names = profile_call(call, args).names()
+    failure = kernel_proof_failure(owner, expected, names)
+    if failure:
+        raise RuntimeError(failure)
     return names

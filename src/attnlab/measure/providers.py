@@ -77,6 +77,7 @@ from attnlab.checks import quote
 from attnlab.dtypes import TORCH_NAMES, canonical_dtype
 from attnlab.inputs import layout_named
 from attnlab.masking import shape_band
+from attnlab.measure.dispatch import kernel_proof_failure
 from attnlab.measure.records import PHASES
 from attnlab.shapes import AttentionShape
 
@@ -733,11 +734,7 @@ def parse_providers(text: str) -> list[Provider]:
 def unproven_kernels(p: Provider, names: Sequence[str]) -> str | None:
     """Why the profiled kernel ``names`` do not prove that ``p``'s own kernel ran, or None
     (also for a provider that names no kernels)."""
-    if not p.kernels or any(piece in name for piece in p.kernels for name in names):
-        return None
-    shown = ", ".join(names[:4]) + (" ..." if len(names) > 4 else "") or "no kernels"
-    return (f"the profiler saw none of {p.name}'s kernels (a name containing "
-            f"{' or '.join(map(repr, p.kernels))}); it saw {shown}")
+    return kernel_proof_failure(p.name, p.kernels, names)
 
 
 def materialised_bytes(p: Provider, shape: AttentionShape, phase: str) -> int:
