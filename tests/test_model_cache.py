@@ -233,12 +233,13 @@ def test_the_fp8_decode_provider_is_predicted_at_its_own_launch():
         cm.logical_bytes("sdpa_cudnn", shape, kv_dtype="fp8")
 
 
-def test_a_paged_cache_reads_the_same_rows_and_its_live_block_table_entries():
+@pytest.mark.parametrize("batch, kernels", [(16, 1), (1, 2)])  # batch 1: split + combine
+def test_a_paged_cache_reads_the_same_rows_and_its_live_block_table_entries(batch, kernels):
     from attnlab.measure.compare import predict
 
-    shape = DECODE_16x32K
+    shape = DECODE_16x32K.replace(batch=batch)
     contiguous, paged = predict("attnlab_decode", shape), predict("attnlab_decode_paged16", shape)
-    assert [k.role for k in paged] == [k.role for k in contiguous]
+    assert [k.role for k in paged] == [k.role for k in contiguous] and len(paged) == kernels
     table = shape.batch * shape.seqlen_k // 16 * 4
     assert paged[0].read_bytes - contiguous[0].read_bytes == table
     assert paged[1:] == contiguous[1:]
