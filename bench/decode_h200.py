@@ -22,7 +22,11 @@ One call does everything (issue #13's grid), so a lease is spent on measurements
    and the seed's d = 256 B1 x 32k, tensor cache_seqlens (decode_paged_sweep.jsonl);
 6. ``rows_sweep`` (only when asked, cap 90 s): 16 queries per sequence at B1 / B16 x 32k,
    contiguous and paged 16 / 256, under the base tiling and ``ROWS_SWEEP_CONFIGS``
-   (decode_rows_sweep.jsonl).
+   (decode_rows_sweep.jsonl);
+7. ``flush_pdl`` (only when asked, cap 90 s): attnlab bf16 with and without programmatic
+   dependent launch, its fp8 cache and cuDNN, under the timer's zeroing and clean L2
+   flushes, at B1 x 4k / 32k, B16 x 32k and the seed's d = 256 B1 x 32k
+   (decode_flush_pdl.jsonl).
 
 Writes decode.jsonl (records schema, phase "decode"), decode_launch.jsonl,
 correctness.jsonl, decode_tuning.jsonl into --out; prints a table last.  A
@@ -47,6 +51,7 @@ from attnlab.measure.dispatch import kernels_that_ran
 from attnlab.measure.engine import Bench
 from attnlab.measure.providers import PROVIDERS, ProviderUnavailable, make_inputs, prepare
 from attnlab.measure.timing import time_call
+from attnlab.model import cache as cache_model
 from attnlab.model import traffic
 from attnlab.reference.decode import kvcache_attention
 from attnlab.shapes import AttentionShape
@@ -221,27 +226,29 @@ def kv_bytes(shape: AttentionShape) -> int:
     return model.bytes_of("K") + model.bytes_of("V")
 
 
-def measure(name, fn, inputs, shape, env, *, context=None, kernel_names=()):
+def measure(name, fn, inputs, shape, env, *, context=None, kernel_names=(), flush="l2",
+            moved=None):
     # Every decode point is timed under graph replay: the timer's automatic rule estimates
     # with a host clock, and attnlab's host-side checks made a 20 us kernel look like a
     # 370 us call, so it was event-timed (run 1).  A provider whose capture fails is
     # event-timed and says so in timing_method.
     try:
-        timing = time_call(fn, [inputs], warmup=3, flush="l2", cuda_graph=True, context=context,
+        timing = time_call(fn, [inputs], warmup=3, flush=flush, cuda_graph=True, context=context,
                            target_ms=60.0, max_repeats=100)
     except Exception as error:  # noqa: BLE001 -- any capture failure: time it plainly, say so
         log(f"  {name}: graph capture failed ({type(error).__name__}: {str(error)[:80]}); "
             "event-timed")
-        timing = time_call(fn, [inputs], warmup=3, flush="l2", cuda_graph=False,
+        timing = time_call(fn, [inputs], warmup=3, flush=flush, cuda_graph=False,
                            context=context, target_ms=60.0, max_repeats=100)
     # The record names what the profiler saw launch (one of ``kernel_names`` among them),
     # not what was meant to: a one-split call runs no combine.
     names = kernels_that_ran(fn, inputs, tuple(kernel_names), owner=name, context=context)
-    tbps = kv_bytes(shape) / (timing.p50 * 1e-3) / 1e12
+    tbps = (kv_bytes(shape) if moved is None else moved) / (timing.p50 * 1e-3) / 1e12
     record = records.make_record(
         kernel="call", provider=name, phase="decode", shape=shape, metric="latency", unit="ms",
         p20=timing.p20, p50=timing.p50, p80=timing.p80, repeats=timing.repeats, env=env,
-        tbps=tbps, kernel_names=names, timing_method=timing.method)
+        tbps=tbps, kernel_names=names,
+        timing_method=timing.method if flush == "l2" else timing.describe_method())
     return record
 
 
@@ -547,6 +554,103 @@ def rows_sweep(ctx) -> list[dict]:
         ctx.upsert("decode_rows_sweep.jsonl", out)
         del q, k, v, caches
         torch.cuda.empty_cache()
+    return out
+
+
+# ----- 7. the timer's flush and programmatic launch ---------------------------------------------
+# Zeroing the flush buffer leaves L2 holding up to ~50 MB of dirty lines that the timed
+# call writes back to DRAM; reading it leaves clean ones.  If that write-back is what made
+# every decode carry ~20 us beyond its bytes (B1 x 32k moves 134 MB in ~52 us, 2.6 TB/s,
+# for attnlab and cuDNN alike), the clean flush shows it.  And attnlab with programmatic
+# dependent launch (its default on Hopper) against the same kernels launched plainly.
+FLUSH_PDL_POINTS = ((1, 4096, 32, 8, 128), (1, 32768, 32, 8, 128), (16, 32768, 32, 8, 128),
+                    (1, 32768, 24, 4, 256))
+
+
+def flush_pdl_points(args) -> list[AttentionShape]:
+    return [AttentionShape(batch=b, query_heads=h, kv_heads=kv, seqlen_q=1, seqlen_k=n,
+                           head_dim=d, dtype="bf16", causal=True)
+            for b, n, h, kv, d in FLUSH_PDL_POINTS]
+
+
+def plain_launches():
+    """A context in which new decode plans launch without PDL (plans are rebuilt on
+    entry and exit, so neither side reuses the other's)."""
+    import contextlib
+
+    import attnlab.kernels.decode as decode
+
+    @contextlib.contextmanager
+    def scope():
+        kept = decode.programmatic_launch_options
+        decode._PLANS.plans.clear()
+        decode.programmatic_launch_options = lambda device_index: {}
+        try:
+            yield
+        finally:
+            decode.programmatic_launch_options = kept
+            decode._PLANS.plans.clear()
+
+    return scope
+
+
+@bench.phase("flush_pdl", default=False, cap_s=90.0, plan=flush_pdl_points)
+def flush_pdl(ctx) -> list[dict]:
+    """attnlab bf16 (PDL and plain launches), its fp8 cache, and cuDNN, under the timer's
+    zeroing flush and its clean (read) flush."""
+    from attnlab.reference.fp8 import quantize_per_head
+
+    env, out, rows = ctx.env, [], []
+    for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
+        log(f"== flush / PDL {shape.describe()}")
+        b, n, h, kv, d = (shape.batch, shape.seqlen_k, shape.query_heads, shape.kv_heads,
+                          shape.head_dim)
+        q = bf16(b, 1, h, d, seed=1)
+        k, v = bf16(b, n, kv, d, seed=2), bf16(b, n, kv, d, seed=3)
+        (k8, kd), (v8, vd) = quantize_per_head(k), quantize_per_head(v)
+        scale = shape.softmax_scale
+        fp8_bytes = cache_model.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="kv-head")
+
+        def plain(q, k, v):
+            return attnlab.flash_attn_with_kvcache(q, k, v, causal=True, softmax_scale=scale)
+
+        def fp8(q, k, v, kd, vd):
+            return attnlab.flash_attn_with_kvcache(q, k, v, causal=True, softmax_scale=scale,
+                                                   k_descale=kd, v_descale=vd)
+
+        calls = [("attnlab_decode", plain, (q, k, v), None),
+                 ("attnlab_decode_nopdl", plain, (q, k, v), plain_launches()),
+                 ("attnlab_decode_fp8", fp8, (q, k8, v8, kd, vd), None)]
+        peer = peer_call("sdpa_cudnn", shape)
+        if not isinstance(peer, str):
+            calls.append(("sdpa_cudnn", *peer))
+        row = {"shape": shape.describe()}
+        for flush in ("l2", "l2_clean"):
+            for name, fn, inputs, context in calls:
+                try:
+                    record = measure(name, fn, inputs, shape, env, context=context, flush=flush,
+                                     kernel_names=() if name == "sdpa_cudnn" else KERNEL_NAMES,
+                                     moved=fp8_bytes if name.endswith("fp8") else None)
+                except Exception as error:  # noqa: BLE001 -- recorded, the sweep goes on
+                    traceback.print_exc()
+                    out.append(skipped(name, shape, f"failed: {type(error).__name__}: {error}",
+                                       env))
+                    continue
+                out.append(record)
+                row[(name, flush)] = record["p50"] * 1e3
+                log(f"  {flush:8s} {name:24s} {record['p50'] * 1e3:9.1f} us")
+        rows.append(row)
+        ctx.upsert("decode_flush_pdl.jsonl", out)
+        del q, k, v, k8, v8, calls
+        torch.cuda.empty_cache()
+    log("\nus, flush l2 / l2_clean: " + ", ".join(
+        ("attnlab_decode", "attnlab_decode_nopdl", "attnlab_decode_fp8", "sdpa_cudnn")))
+    for row in rows:
+        cells = [f"{row.get((name, 'l2'), float('nan')):.1f} / "
+                 f"{row.get((name, 'l2_clean'), float('nan')):.1f}"
+                 for name in ("attnlab_decode", "attnlab_decode_nopdl", "attnlab_decode_fp8",
+                              "sdpa_cudnn")]
+        log(f"{row['shape']}: " + " | ".join(cells))
     return out
 
 

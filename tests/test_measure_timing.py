@@ -53,6 +53,7 @@ def test_automatic_repeats_respect_bounds():
 
 @pytest.mark.parametrize("options, message", [
     ({"flush": "l2"}, "needs CUDA"),
+    ({"flush": "l2_clean"}, "needs CUDA"),
     ({"cuda_graph": True}, "needs CUDA"),
     ({"flush": "sometimes"}, "flush must be one of"),
     ({"flush": "rotate"}, "at least 2 input sets"),

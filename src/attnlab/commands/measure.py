@@ -455,7 +455,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="timed calls per point (default: enough for --target-ms)")
     bench.add_argument("--target-ms", type=float, default=100.0,
                        help="timed work per point when --repeats is not given (default 100)")
-    bench.add_argument("--flush", default="l2", help="l2 (default), rotate or none")
+    bench.add_argument("--flush", default="l2", help="l2 (default), l2_clean, rotate or none")
     bench.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                        help="time CUDA-graph replays (default: for calls under 0.1 ms only)")
     bench.add_argument("--flop-count", choices=("exact", "conventional"), default="exact",

@@ -17,7 +17,10 @@ What a number means here (and is recorded with it, :meth:`Timing.describe_method
   (``note``); it never changes method silently;
 * **cold L2 per call** (``flush="l2"``, the default on CUDA): a buffer twice the
   size of L2 is zeroed before every timed call, outside the timed interval, so a
-  decode kernel cannot read last iteration's K/V from cache; or ``flush="rotate"``:
+  decode kernel cannot read last iteration's K/V from cache.  Zeroing leaves L2 full of
+  dirty lines that the timed call then writes back (up to 2 x 50 MB of extra DRAM traffic
+  on an H200, whatever the kernel); ``flush="l2_clean"`` *reads* the buffer instead, so
+  L2 holds only clean lines, as after a model's weight reads.  Or ``flush="rotate"``:
   successive calls cycle through several independent input sets;
 * **per-call samples**: one pair of events around each call, reported as p20 / p50
   / p80 (the median is the statistic; the spread says how much to trust it).
@@ -31,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-FLUSH_MODES = ("l2", "rotate", "none")
+FLUSH_MODES = ("l2", "l2_clean", "rotate", "none")
 # Below this first estimate a call is timed under CUDA-graph replay: there, launch and
 # Python overhead (10-40 us per call) is a visible share of the kernel's own time.
 SHORT_CALL_MS = 0.1
@@ -143,8 +146,9 @@ def time_call(fn: Callable, inputs: Sequence[tuple], *, device: str = "cuda", wa
     _check_options(inputs, warmup, repeats, flush, min_repeats, max_repeats, cuda_graph,
                    context)
     if device == "cpu":
-        if flush == "l2":
-            raise ValueError("flush='l2' needs CUDA; on the CPU use flush='none' or 'rotate'")
+        if flush in ("l2", "l2_clean"):
+            raise ValueError(f"flush={flush!r} needs CUDA; on the CPU use flush='none' or "
+                             "'rotate'")
         if cuda_graph:
             raise ValueError("cuda_graph=True needs CUDA")
     with context() if context is not None else contextlib.nullcontext():
@@ -174,18 +178,23 @@ def _time_cpu(fn, inputs, warmup, repeats, target_ms, min_repeats, max_repeats,
 
 
 class L2Flusher:
-    """Zeroes a buffer twice the size of L2: whatever the last call left there is gone."""
+    """Zeroes (or, ``clean``, reads) a buffer twice the size of L2: whatever the last call
+    left there is gone."""
 
-    def __init__(self, device_index: int | None = None) -> None:
+    def __init__(self, device_index: int | None = None, *, clean: bool = False) -> None:
         import torch
 
+        self.clean = clean
         props = torch.cuda.get_device_properties(
             torch.cuda.current_device() if device_index is None else device_index)
         self.l2_bytes = int(props.L2_cache_size)
         self.buffer = torch.empty(2 * self.l2_bytes // 4, dtype=torch.int32, device="cuda")
 
     def __call__(self) -> None:
-        self.buffer.zero_()
+        if self.clean:
+            self.buffer.amax()  # the result is not wanted: the reads are
+        else:
+            self.buffer.zero_()
 
 
 def capture_graphs(fn: Callable, inputs: Sequence[tuple]) -> list[Callable]:
@@ -230,7 +239,7 @@ def _time_cuda(fn, inputs, warmup, repeats, target_ms, min_repeats, max_repeats,
                cuda_graph) -> Timing:
     import torch
 
-    flusher = L2Flusher() if flush == "l2" else None
+    flusher = L2Flusher(clean=flush == "l2_clean") if flush in ("l2", "l2_clean") else None
     for i in range(warmup):
         fn(*inputs[i % len(inputs)])
     torch.cuda.synchronize()
