@@ -23,10 +23,9 @@ One call does everything (issue #13's grid), so a lease is spent on measurements
 6. ``rows_sweep`` (only when asked, cap 90 s): 16 queries per sequence at B1 / B16 x 32k,
    contiguous and paged 16 / 256, under the base tiling and ``ROWS_SWEEP_CONFIGS``
    (decode_rows_sweep.jsonl);
-7. ``flush_pdl`` (only when asked, cap 90 s): attnlab bf16 with and without programmatic
-   dependent launch, its fp8 cache and cuDNN, under the timer's zeroing and clean L2
-   flushes, at B1 x 4k / 32k, B16 x 32k and the seed's d = 256 B1 x 32k
-   (decode_flush_pdl.jsonl).
+7. ``flush`` (only when asked, cap 90 s): attnlab's bf16 and fp8 caches and cuDNN under
+   the timer's zeroing and clean L2 flushes, at B1 x 4k / 32k, B16 x 32k and the seed's
+   d = 256 B1 x 32k (decode_flush.jsonl).
 
 Writes decode.jsonl (records schema, phase "decode"), decode_launch.jsonl,
 correctness.jsonl, decode_tuning.jsonl into --out; prints a table last.  A
@@ -435,10 +434,22 @@ PAGED_SWEEP_POINTS = ((1, 32768, 32, 8, 128), (16, 32768, 32, 8, 128), (1, 13107
                       (1, 32768, 24, 4, 256))
 
 
-def paged_sweep_points(args) -> list[AttentionShape]:
+def one_token_points(points) -> list[AttentionShape]:
+    """Causal bf16 one-token decodes at (batch, seqlen_k, query heads, kv heads, d) points."""
     return [AttentionShape(batch=b, query_heads=h, kv_heads=kv, seqlen_q=1, seqlen_k=n,
                            head_dim=d, dtype="bf16", causal=True)
-            for b, n, h, kv, d in PAGED_SWEEP_POINTS]
+            for b, n, h, kv, d in points]
+
+
+def one_token_qkv(shape: AttentionShape):
+    """Random bf16 (q, k cache, v cache) of a one-token point, bshd."""
+    b, n, d = shape.batch, shape.seqlen_k, shape.head_dim
+    return (bf16(b, 1, shape.query_heads, d, seed=1), bf16(b, n, shape.kv_heads, d, seed=2),
+            bf16(b, n, shape.kv_heads, d, seed=3))
+
+
+def paged_sweep_points(args) -> list[AttentionShape]:
+    return one_token_points(PAGED_SWEEP_POINTS)
 
 
 @bench.phase("paged_sweep", default=False, cap_s=60.0, plan=paged_sweep_points)
@@ -447,12 +458,9 @@ def paged_sweep(ctx) -> list[dict]:
     env, out, table_rows = ctx.env, [], []
     for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
         log(f"== paged sweep {shape.describe()}")
-        b, n, h, kv, d = (shape.batch, shape.seqlen_k, shape.query_heads, shape.kv_heads,
-                          shape.head_dim)
-        q = bf16(b, 1, h, d, seed=1)
-        k, v = bf16(b, n, kv, d, seed=2), bf16(b, n, kv, d, seed=3)
-        lengths = torch.full((b,), n, dtype=torch.int32, device="cuda")
-        config = decode_config(d)
+        q, k, v = one_token_qkv(shape)
+        lengths = torch.full((shape.batch,), shape.seqlen_k, dtype=torch.int32, device="cuda")
+        config = decode_config(shape.head_dim)
         variants = [("attnlab_decode", None)] + [(f"attnlab_decode_paged{page_size}", page_size)
                                                  for page_size in (16, 256)]
         row = {"shape": shape.describe()}
@@ -557,56 +565,27 @@ def rows_sweep(ctx) -> list[dict]:
     return out
 
 
-# ----- 7. the timer's flush and programmatic launch ---------------------------------------------
+# ----- 7. the timer's flush ---------------------------------------------------------------------
 # Zeroing the flush buffer leaves L2 holding up to ~50 MB of dirty lines that the timed
-# call writes back to DRAM; reading it leaves clean ones.  If that write-back is what made
-# every decode carry ~20 us beyond its bytes (B1 x 32k moves 134 MB in ~52 us, 2.6 TB/s,
-# for attnlab and cuDNN alike), the clean flush shows it.  And attnlab with programmatic
-# dependent launch (its default on Hopper) against the same kernels launched plainly.
-FLUSH_PDL_POINTS = ((1, 4096, 32, 8, 128), (1, 32768, 32, 8, 128), (16, 32768, 32, 8, 128),
-                    (1, 32768, 24, 4, 256))
+# call writes back to DRAM; reading it (flush="l2_clean") leaves clean ones.  Session 13
+# run 1 (bench/NOTES.md, S18): the write-back was ~10 us of every batch-1 decode, for
+# every provider.
+FLUSH_POINTS = ((1, 4096, 32, 8, 128), (1, 32768, 32, 8, 128), (16, 32768, 32, 8, 128),
+                (1, 32768, 24, 4, 256))
+FLUSH_PROVIDERS = ("attnlab_decode", "attnlab_decode_fp8", "sdpa_cudnn")
 
 
-def flush_pdl_points(args) -> list[AttentionShape]:
-    return [AttentionShape(batch=b, query_heads=h, kv_heads=kv, seqlen_q=1, seqlen_k=n,
-                           head_dim=d, dtype="bf16", causal=True)
-            for b, n, h, kv, d in FLUSH_PDL_POINTS]
-
-
-def plain_launches():
-    """A context in which new decode plans launch without PDL (plans are rebuilt on
-    entry and exit, so neither side reuses the other's)."""
-    import contextlib
-
-    import attnlab.kernels.decode as decode
-
-    @contextlib.contextmanager
-    def scope():
-        kept = decode.programmatic_launch_options
-        decode._PLANS.plans.clear()
-        decode.programmatic_launch_options = lambda device_index: {}
-        try:
-            yield
-        finally:
-            decode.programmatic_launch_options = kept
-            decode._PLANS.plans.clear()
-
-    return scope
-
-
-@bench.phase("flush_pdl", default=False, cap_s=90.0, plan=flush_pdl_points)
-def flush_pdl(ctx) -> list[dict]:
-    """attnlab bf16 (PDL and plain launches), its fp8 cache, and cuDNN, under the timer's
-    zeroing flush and its clean (read) flush."""
+@bench.phase("flush", default=False, cap_s=90.0,
+             plan=lambda args: one_token_points(FLUSH_POINTS))
+def flush_check(ctx) -> list[dict]:
+    """attnlab's bf16 and fp8 caches and cuDNN under the timer's zeroing flush and its
+    clean (read) flush."""
     from attnlab.reference.fp8 import quantize_per_head
 
     env, out, rows = ctx.env, [], []
     for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
-        log(f"== flush / PDL {shape.describe()}")
-        b, n, h, kv, d = (shape.batch, shape.seqlen_k, shape.query_heads, shape.kv_heads,
-                          shape.head_dim)
-        q = bf16(b, 1, h, d, seed=1)
-        k, v = bf16(b, n, kv, d, seed=2), bf16(b, n, kv, d, seed=3)
+        log(f"== flush {shape.describe()}")
+        q, k, v = one_token_qkv(shape)
         (k8, kd), (v8, vd) = quantize_per_head(k), quantize_per_head(v)
         scale = shape.softmax_scale
         fp8_bytes = cache_model.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="kv-head")
@@ -619,7 +598,6 @@ def flush_pdl(ctx) -> list[dict]:
                                                    k_descale=kd, v_descale=vd)
 
         calls = [("attnlab_decode", plain, (q, k, v), None),
-                 ("attnlab_decode_nopdl", plain, (q, k, v), plain_launches()),
                  ("attnlab_decode_fp8", fp8, (q, k8, v8, kd, vd), None)]
         peer = peer_call("sdpa_cudnn", shape)
         if not isinstance(peer, str):
@@ -640,16 +618,13 @@ def flush_pdl(ctx) -> list[dict]:
                 row[(name, flush)] = record["p50"] * 1e3
                 log(f"  {flush:8s} {name:24s} {record['p50'] * 1e3:9.1f} us")
         rows.append(row)
-        ctx.upsert("decode_flush_pdl.jsonl", out)
+        ctx.upsert("decode_flush.jsonl", out)
         del q, k, v, k8, v8, calls
         torch.cuda.empty_cache()
-    log("\nus, flush l2 / l2_clean: " + ", ".join(
-        ("attnlab_decode", "attnlab_decode_nopdl", "attnlab_decode_fp8", "sdpa_cudnn")))
+    log("\nus, flush l2 / l2_clean: " + ", ".join(FLUSH_PROVIDERS))
     for row in rows:
         cells = [f"{row.get((name, 'l2'), float('nan')):.1f} / "
-                 f"{row.get((name, 'l2_clean'), float('nan')):.1f}"
-                 for name in ("attnlab_decode", "attnlab_decode_nopdl", "attnlab_decode_fp8",
-                              "sdpa_cudnn")]
+                 f"{row.get((name, 'l2_clean'), float('nan')):.1f}" for name in FLUSH_PROVIDERS]
         log(f"{row['shape']}: " + " | ".join(cells))
     return out
 

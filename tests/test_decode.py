@@ -513,9 +513,7 @@ def build(kernel, constants, warps, stages, types=()):
     compiled = triton.compile(ASTSource(kernel, signature, constants, attrs),
                               target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps, "num_stages": stages})
-    # A programmatic dependent launch's wait is in the kernel exactly where PDL asks for it.
-    waits = "griddepcontrol.wait" in compiled.asm["ptx"]
-    return bool(compiled.asm["cubin"]) and waits == constants.get("PDL", False)
+    return bool(compiled.asm["cubin"])
 built = []
 for page, d, block_n, batch_idx, per_page, fp8 in (
         (0, 128, 128, False, False, False), (256, 256, 64, False, True, False),
@@ -526,11 +524,8 @@ for page, d, block_n, batch_idx, per_page, fp8 in (
         HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=16, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_SEQLENS=True, HAS_BATCH_IDX=batch_idx, HAS_LEFTPAD=batch_idx, HAS_LEFT=False,
         HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
-        PER_PAGE=per_page, DESCALED=fp8, ROW_SCALED_Q=fp8, PDL=page != 256), 4, 3,
-        FP8_CACHE if fp8 else ()))
-for pdl in (True, False):
-    built.append(build(_combine_partials, dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_S=16,
-                                               PDL=pdl), 2, 1))
+        PER_PAGE=per_page, DESCALED=fp8, ROW_SCALED_Q=fp8), 4, 3, FP8_CACHE if fp8 else ()))
+built.append(build(_combine_partials, dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_S=16), 2, 1))
 for page, half, batch_idx, fp8 in ((0, 32, False, False), (16, 64, False, False),
                                    (0, 0, True, False), (16, 64, False, True)):
     built.append(build(_rotary_append, dict(
@@ -553,9 +548,8 @@ print(json.dumps(built))
 def test_the_serving_kernels_build_for_sm90(json_from_fresh_python):
     """The interpreter runs what ptxas may refuse (loop-carried flags, scalar atomics):
     the split, combine and append kernels and the paged varlen forward compile for
-    sm_90a here, without a GPU (an fp8 cache's split and append kernels too), the split
-    and combine kernels with and without programmatic dependent launch."""
-    assert json_from_fresh_python(SM90_BUILD) == [True] * 13
+    sm_90a here, without a GPU (an fp8 cache's split and append kernels too)."""
+    assert json_from_fresh_python(SM90_BUILD) == [True] * 12
 
 
 # ----- merge_state / merge_states ----------------------------------------------------------
@@ -761,43 +755,6 @@ def test_gpu_paged_equals_contiguous_and_splits_agree(page_size):
     for out, lse in results[:2]:
         torch.testing.assert_close(out.float(), results[2][0].float(), atol=2e-2, rtol=0)
         torch.testing.assert_close(lse, results[2][1], atol=1e-4, rtol=0)
-
-
-@pytest.mark.gpu
-@gpu
-def test_gpu_programmatic_launch_waits_for_the_kernel_ahead(captured_replay):
-    """On Hopper both decode kernels start before the kernel ahead of them ends (PDL): the
-    split kernel must still read the cache that kernel writes, and the combine the split's
-    partials.  A long-running kernel (``torch.cuda._sleep``) then a copy writes the cache
-    right before the call, eager and under graph replay; the outputs equal a call made
-    after a full synchronisation, bit for bit."""
-    from attnlab.kernels._compat import programmatic_launch_options
-
-    if torch.cuda.get_device_capability()[0] >= 9:
-        assert programmatic_launch_options(torch.cuda.current_device()) == {"launch_pdl": True}
-    batch, heads, kv_heads, dim, capacity = 2, 32, 8, 128, 4096
-    q = randn(batch, 1, heads, dim, dtype=torch.bfloat16, seed=12)
-    fresh = [randn(batch, capacity, kv_heads, dim, dtype=torch.bfloat16, seed=s) for s in (13, 14)]
-    k_cache, v_cache = torch.zeros_like(fresh[0]), torch.zeros_like(fresh[1])
-    lengths = torch.tensor([capacity, 3000], dtype=torch.int32, device=DEVICE)
-
-    def attend():
-        return attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
-                                               causal=True, num_splits=16)
-
-    k_cache.copy_(fresh[0]), v_cache.copy_(fresh[1])
-    torch.cuda.synchronize()
-    settled = attend()
-    torch.cuda.synchronize()
-
-    def write_then_attend():
-        k_cache.zero_(), v_cache.zero_()
-        torch.cuda._sleep(2_000_000)  # ~1 ms: the copies below start late
-        k_cache.copy_(fresh[0]), v_cache.copy_(fresh[1])
-        return attend()
-
-    assert torch.equal(write_then_attend(), settled)
-    assert torch.equal(captured_replay(write_then_attend), settled)
 
 
 @pytest.mark.gpu

@@ -547,8 +547,7 @@ cache = build(_split_kv_decode, {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv",
               dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=16, BLOCK_N=decode.block_n,
                    PAGE_SIZE=0, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
                    HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
-                   UPCAST_DOT=False, PER_PAGE=False, DESCALED=True, ROW_SCALED_Q=True,
-                   PDL=True), decode)
+                   UPCAST_DOT=False, PER_PAGE=False, DESCALED=True, ROW_SCALED_Q=True), decode)
 print(json.dumps({"keys_contiguous": keys_contiguous, "d_contiguous": d_contiguous,
                   "decode": cache}))
 """

@@ -10,9 +10,6 @@ Read from the released wheels' sources (docs/versions.md has the table):
   their annotations and signature; ``fill_tma_descriptor`` became
   ``fill_tma_descriptor_tiled``.
 * 3.8 added ``tma.async_load``; ``async_copy_global_to_shared`` became its alias.
-* 3.4 added grid dependency control (``triton.language.extra.cuda.gdc_wait`` /
-  ``gdc_launch_dependents``) and the ``launch_pdl`` compile option that launches a kernel
-  with programmatic stream serialisation; 3.6-3.9 keep both.
 * 3.9 made ``async_copy_global_to_shared`` raise and renamed the private
   ``_reinterpret`` to the public ``reinterpret``; ``enable_fp_fusion`` will default to
   off in 3.10, so launches pass the value the kernels were tuned with.
@@ -199,31 +196,3 @@ def launch_options() -> dict:
         return {}
     fields = getattr(CUDAOptions, "__dataclass_fields__", {})
     return {"enable_fp_fusion": FP_FUSION} if "enable_fp_fusion" in fields else {}
-
-
-# Grid dependency control, or None where this Triton has none (the kernels call them only
-# behind a constexpr that programmatic_launch_options turned on).
-try:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:
-    gdc_launch_dependents = gdc_wait = None
-
-
-@functools.cache
-def programmatic_launch_options(device_index: int) -> dict:
-    """``{"launch_pdl": True}`` where a kernel may be launched while the one before it on
-    the stream is still running (programmatic dependent launch: Hopper and later, a Triton
-    with grid dependency control and the compile option), else ``{}``.  A kernel launched
-    so must call ``gdc_wait`` before its first global memory access."""
-    import torch
-
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return {}
-    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
-    if gdc_wait is None or "launch_pdl" not in fields:
-        return {}
-    if torch.cuda.get_device_capability(device_index)[0] < 9:
-        return {}
-    return {"launch_pdl": True}

@@ -12,8 +12,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from triton.runtime.jit import JITFunction
 
-from attnlab.kernels._compat import gdc_launch_dependents, gdc_wait
-
 # exp(x) = exp2(x * log2(e)): the kernel works in base 2 (one MUFU.EX2 per score) and
 # converts the LSE back to natural log with ln(2) = 0.6931471805599453 at the end.
 LOG2E = 1.4426950408889634
@@ -28,19 +26,6 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     return tl.dot(a, b, acc)
-
-
-@triton.jit
-def _enter_dependent_launch(PDL: tl.constexpr):
-    """The first thing a kernel launched with programmatic dependent launch does (PDL:
-    ``_compat.programmatic_launch_options``): it may be running before the kernel ahead
-    of it on the stream has ended, so it waits for that kernel and its memory before any
-    global access, then lets the next kernel's launch begin (that one's own wait still
-    orders it after this one ends).  What overlaps is the launch and the grid's start,
-    the gap between two short kernels."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
 
 
 @triton.jit

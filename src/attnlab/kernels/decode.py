@@ -47,12 +47,10 @@ import attnlab.kernels.dispatch as dispatch
 import attnlab.kernels.index_checks as index_checks
 from attnlab.inputs import layout_named
 from attnlab.kernels._aot import compile_triton
-from attnlab.kernels._compat import programmatic_launch_options
 from attnlab.kernels._launch import DirectLauncher, PlanCache, PlannedLaunch, tensor_key
 from attnlab.kernels._primitives import (
     LOG2E,
     _checked_pages,
-    _enter_dependent_launch,
     _finish_rows,
     _kv_band_bounds,
     _load_cache_tile,
@@ -176,9 +174,8 @@ def _split_kv_decode(
     HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr,
-    DESCALED: tl.constexpr, ROW_SCALED_Q: tl.constexpr, PDL: tl.constexpr,
+    DESCALED: tl.constexpr, ROW_SCALED_Q: tl.constexpr,
 ):
-    _enter_dependent_launch(PDL)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -308,10 +305,8 @@ def _combine_partials(
     num_heads, seqlen_q, num_splits,
     # meta-parameters
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """One output row (batch, query, head): the exact merge of its splits' partials."""
-    _enter_dependent_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     off_h = row % num_heads
     off_m = (row // num_heads) % seqlen_q
@@ -472,10 +467,6 @@ class _DecodePlan:
             capacity, num_kv_heads = lay.seqlen(k_cache), lay.heads(k_cache)
         group_size = num_heads // num_kv_heads
         interpreted = kernel_is_interpreted()
-        # Both kernels start while the one ahead of them ends (PDL, where the GPU and
-        # Triton have it): at 1 x 4k the call is ~17 us, of which the gap between the
-        # split kernel and the combine is a visible share (bench/NOTES.md, S8).
-        self.pdl = {} if interpreted else programmatic_launch_options(q.device.index)
         self.config = config or decode_config(head_dim, interpreted=interpreted,
                                               fp8_cache=descaled)
         head_dim_pad = head_dim_padded(head_dim)
@@ -513,8 +504,8 @@ class _DecodePlan:
             HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=softcap > 0,
             UPCAST_DOT=interpreted and q.dtype == torch.bfloat16,
             PER_PAGE=paged, DESCALED=descaled,
-            ROW_SCALED_Q=descaled and q.dtype == torch.bfloat16, PDL=bool(self.pdl),
-            num_warps=self.config.num_warps, num_stages=self.config.num_stages, **self.pdl)
+            ROW_SCALED_Q=descaled and q.dtype == torch.bfloat16,
+            num_warps=self.config.num_warps, num_stages=self.config.num_stages)
         self.out_strides = out_strides
         self.head_dim_pad = head_dim_pad
         self.launches: dict[int, tuple] = {}
@@ -550,8 +541,8 @@ class _DecodePlan:
                 _COMBINE, (self.batch * self.seqlen_q * self.num_heads,),
                 (*self.out_strides, self.num_heads, self.seqlen_q, num_splits),
                 dict(HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
-                     BLOCK_S=min(16, triton.next_power_of_2(num_splits)), PDL=bool(self.pdl),
-                     num_warps=2, num_stages=1, **self.pdl))
+                     BLOCK_S=min(16, triton.next_power_of_2(num_splits)), num_warps=2,
+                     num_stages=1))
         self.launches[num_splits] = split, combine
         return split, combine
 
@@ -612,17 +603,14 @@ def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, s
 # ---------------------------------------------------------------------------
 
 def compile_for_sm90(head_dim: int, config: DecodeConfig, *, page_size: int = 0,
-                     dtype: str = "bf16", group_size: int = 4, seqlen_q: int = 1,
-                     pdl: bool = False):
+                     dtype: str = "bf16", group_size: int = 4, seqlen_q: int = 1):
     """The split-KV kernel as a call of ``seqlen_q`` new tokens on a bf16/fp16 cache
-    (tensor cache_seqlens, causal, contiguous or paged with ``page_size``; ``pdl``: as a
-    programmatic dependent launch) compiles it for sm_90a, here, without a GPU
-    (``kernels/_aot``)."""
+    (tensor cache_seqlens, causal, contiguous or paged with ``page_size``) compiles it for
+    sm_90a, here, without a GPU (``kernels/_aot``)."""
     return compile_triton(_split_kv_decode, dtype, dict(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_padded(head_dim),
         BLOCK_M=packed_block_m(group_size, seqlen_q), BLOCK_N=config.block_n,
         PAGE_SIZE=page_size, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
         HAS_LEFT=False, HAS_RIGHT=seqlen_q > 1, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
-        UPCAST_DOT=False, PER_PAGE=page_size > 0, DESCALED=False, ROW_SCALED_Q=False,
-        PDL=pdl),
+        UPCAST_DOT=False, PER_PAGE=page_size > 0, DESCALED=False, ROW_SCALED_Q=False),
         num_warps=config.num_warps, num_stages=config.num_stages)

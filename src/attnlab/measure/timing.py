@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 FLUSH_MODES = ("l2", "l2_clean", "rotate", "none")
+L2_FLUSHES = ("l2", "l2_clean")  # the modes that need a GPU's L2Flusher
 # Below this first estimate a call is timed under CUDA-graph replay: there, launch and
 # Python overhead (10-40 us per call) is a visible share of the kernel's own time.
 SHORT_CALL_MS = 0.1
@@ -146,7 +147,7 @@ def time_call(fn: Callable, inputs: Sequence[tuple], *, device: str = "cuda", wa
     _check_options(inputs, warmup, repeats, flush, min_repeats, max_repeats, cuda_graph,
                    context)
     if device == "cpu":
-        if flush in ("l2", "l2_clean"):
+        if flush in L2_FLUSHES:
             raise ValueError(f"flush={flush!r} needs CUDA; on the CPU use flush='none' or "
                              "'rotate'")
         if cuda_graph:
@@ -239,7 +240,7 @@ def _time_cuda(fn, inputs, warmup, repeats, target_ms, min_repeats, max_repeats,
                cuda_graph) -> Timing:
     import torch
 
-    flusher = L2Flusher(clean=flush == "l2_clean") if flush in ("l2", "l2_clean") else None
+    flusher = L2Flusher(clean=flush == "l2_clean") if flush in L2_FLUSHES else None
     for i in range(warmup):
         fn(*inputs[i % len(inputs)])
     torch.cuda.synchronize()
