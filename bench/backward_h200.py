@@ -57,6 +57,7 @@ import torch
 from attnlab.accuracy import check_gradients
 from attnlab.commands.cli_support import parse_int_list
 from attnlab.kernels import configs as config_table
+from attnlab.kernels._sm90 import merged_table
 from attnlab.kernels.backward import flash_backward
 from attnlab.kernels.configs import BackwardConfig, backward_config, head_dim_padded, length_bucket
 from attnlab.kernels.forward import flash_forward
@@ -388,21 +389,14 @@ def phase_sm90(ctx) -> None:
             entries.append({"head_dim": head_dim, "causal": causal,
                             "bucket": length_bucket(seqlen),
                             "config": dataclasses.asdict(config),
-                            "sm90_vs_triton": round(gain, 4),
-                            "measured": {"git_commit": env.get("git_commit"),
-                                         "timestamp": env.get("timestamp")}})
+                            "sm90_vs_triton": round(gain, 4)})
     entries = [e for e in entries
                if sm90.Sm90BackwardConfig(**e["config"]).name() not in inaccurate]
-    # Buckets this run did not time keep the committed table's entries (each entry says
-    # which run measured it), so a run over a few lengths extends the table.
+    # The committed table updated for this run's Triton and the buckets it timed only
+    # (kernels/_sm90.merged_table): other releases' entries and untimed buckets stay.
     committed = json.loads(importlib.resources.files("attnlab.kernels")
                            .joinpath("sm90_backward_dispatch.json").read_text())
-    entries += [e for e in committed["entries"]
-                if (e["head_dim"], e["causal"], e["bucket"]) not in measured]
-    table = {"source": {k: env.get(k) for k in ("gpu", "torch", "triton", "driver",
-                                                 "cuda_runtime", "cudnn", "git_commit",
-                                                 "timestamp", "command")},
-             "min_gain": 1.02, "entries": entries}
+    table = merged_table(committed, entries, measured, env)
     ctx.path("sm90_backward_dispatch.json").write_text(json.dumps(table, indent=1),
                                                        encoding="utf-8")
     print("\n".join(lines))

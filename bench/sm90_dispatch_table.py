@@ -2,9 +2,11 @@
 
 ``bench/sm90_h200.py`` times the Gluon kernel against the Triton kernel per (head dim,
 causal, length bucket) and writes ``sm90_winners.json``; this script keeps the buckets
-where the Gluon kernel measured faster and writes them, with the winning config and the
-run's environment, to ``src/attnlab/kernels/sm90_dispatch.json``, which
-``attnlab.kernels.dispatch`` reads.  Nothing in the table is typed
+where the Gluon kernel measured faster and writes them, with the winning config, into
+``src/attnlab/kernels/sm90_dispatch.json``, which ``attnlab.kernels.dispatch`` reads.
+The run updates only its own Triton's entries for the buckets it measured (a measured
+bucket the Gluon kernel did not win gets ``config: null``); other releases' entries and
+unmeasured buckets stay (``kernels/_sm90.merged_table``).  Nothing in the table is typed
 by hand:
 
     python3 bench/sm90_dispatch_table.py OUT/sm90_winners.json \
@@ -31,6 +33,7 @@ from pathlib import Path
 
 TABLE = Path(__file__).resolve().parents[1] / "src" / "attnlab" / "kernels" / "sm90_dispatch.json"
 sys.path.insert(0, str(TABLE.parents[2]))
+from attnlab.kernels._sm90 import merged_table  # noqa: E402
 from attnlab.kernels.configs import length_bucket  # noqa: E402
 from attnlab.kernels.forward_sm90 import Sm90Config  # noqa: E402
 
@@ -95,21 +98,6 @@ def public_path_drops(entries: list[dict], public: Path, baseline: Path,
     return kept, dropped
 
 
-def merged_entries(entries: list[dict], measured: dict, current: dict) -> list[dict]:
-    """``entries`` plus the current table's entries for buckets this run did not measure
-    (a bucket it measured and left to the Triton kernel stays out), each marked with the
-    run it came from; sorted by (head dim, causal, bucket)."""
-    def bucket(row):
-        return row["head_dim"], row["causal"], row["bucket"]
-
-    measured_buckets = {bucket(row) for row in measured["winners"]}
-    source = current.get("source", {})
-    kept = [{**entry, "measured_in": entry.get("measured_in") or
-             {key: source.get(key) for key in ("git_commit", "timestamp", "triton")}}
-            for entry in current.get("entries", []) if bucket(entry) not in measured_buckets]
-    return sorted(entries + kept, key=bucket)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("winners", type=Path, help="sm90_winners.json from bench/sm90_h200.py")
@@ -117,9 +105,6 @@ def main() -> None:
     parser.add_argument("--public", type=Path,
                         help="public-path records measured with the kernel-time table")
     parser.add_argument("--baseline", type=Path, help="public-path records before it")
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the current table's buckets that this run did not measure "
-                             "(each keeps the commit and date of the run that measured it)")
     parser.add_argument("--min-gain", type=float, default=1.02,
                         help="the least Gluon/Triton ratio a bucket needs (default 1.02)")
     args = parser.parse_args()
@@ -129,17 +114,23 @@ def main() -> None:
     (entries, near), dropped = dispatch_entries(measured["winners"], args.min_gain), []
     if args.public is not None:
         entries, dropped = public_path_drops(entries, args.public, args.baseline, length_bucket)
-    # Each entry names the Triton it was measured on (kernels/_sm90.select_entries).
-    entries = [{**entry, "triton": measured["env"].get("triton")} for entry in entries]
-    if args.merge:
-        entries = merged_entries(entries, measured, json.loads(args.out.read_text()))
-    table = {"source": measured["env"], "min_gain": args.min_gain, "entries": entries}
-    if dropped:
-        table["dropped"] = dropped
-    if near:
-        table["below_min_gain"] = near
+    # The committed table, updated for this run's Triton and buckets only: every other
+    # release's entries and every unmeasured bucket stay (kernels/_sm90.select_entries).
+    current = json.loads(args.out.read_text()) if args.out.exists() else None
+    measured_buckets = {(row["head_dim"], row["causal"], row["bucket"])
+                        for row in measured["winners"]}
+    table = merged_table(current, entries, measured_buckets, measured["env"])
+    table["min_gain"] = args.min_gain
+    # The buckets left to the Triton kernel, with why, per release (earlier runs' kept).
+    release = measured["env"].get("triton")
+    for key, rows in (("dropped", dropped), ("below_min_gain", near)):
+        earlier = [row for row in table.get(key, []) if row.get("triton") != release]
+        table[key] = earlier + [{**row, "triton": release} for row in rows]
+        if not table[key]:
+            del table[key]
     args.out.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"{len(entries)} buckets dispatch to the Gluon sm_90 kernel -> {args.out}")
+    print(f"Triton {release}: {len(entries)} of {len(measured_buckets)} measured buckets "
+          f"dispatch to the Gluon sm_90 kernel -> {args.out}")
     for entry in dropped:
         print(f"  left to the Triton kernel: d={entry['head_dim']} causal={entry['causal']} "
               f"bucket {entry['bucket']}: public path {entry['public_tflops']} < "

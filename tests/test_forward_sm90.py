@@ -253,32 +253,75 @@ def test_gpu_is_bit_identical_across_runs_and_ignores_other_sequences():
 
 def test_dispatch_table_holds_only_measured_winners():
     """The committed table (bench/sm90_dispatch_table.py's output) parses into valid
-    configs, each entry a bucket where the Gluon kernel measured faster than Triton."""
+    configs, each entry with a config a bucket where the Gluon kernel measured faster
+    than Triton, and the dispatcher reads the entries this Triton selects."""
     import json
     from importlib.resources import files
 
+    import triton
+
+    from attnlab.kernels._sm90 import entry_bucket, select_entries
     from attnlab.kernels.dispatch import FORWARD_SM90
 
-    entries = json.loads(files("attnlab.kernels").joinpath("sm90_dispatch.json").read_text())["entries"]
-    assert entries and all(e["sm90_vs_triton"] > 1.0 for e in entries)
-    assert set(FORWARD_SM90.table()) == {(e["head_dim"], e["causal"], e["bucket"]) for e in entries}
+    table = json.loads(files("attnlab.kernels").joinpath("sm90_dispatch.json").read_text())
+    winners = [e for e in table["entries"] if e["config"] is not None]
+    assert winners and all(e["sm90_vs_triton"] > 1.0 for e in winners)
+    selected, _ = select_entries(table, triton.__version__)
+    assert set(FORWARD_SM90.table()) == {entry_bucket(e) for e in selected}
 
 
-def test_dispatch_uses_this_tritons_entries_or_says_whose_stand_in():
+def test_dispatch_takes_each_buckets_entry_from_this_triton_or_says_whose_stand_in():
     import json
     from importlib.resources import files
 
     from attnlab.kernels._sm90 import select_entries
 
+    def entry(bucket, release=None, config="sm90"):
+        return {"head_dim": 256, "causal": True, "bucket": bucket, "config": config,
+                **({"triton": release} if release else {})}
+
+    own_first = entry(4096, "3.9.0", config=None)  # measured on 3.9: the Triton kernel won
     table = {"source": {"triton": "3.6.0"}, "entries": [
-        {"bucket": 1024}, {"bucket": 4096, "triton": "3.6.0"}, {"bucket": 4096, "triton": "3.9.0"}]}
-    assert select_entries(table, "3.9.0") == ([table["entries"][2]], None)
-    assert select_entries(table, "3.6.0") == (table["entries"][:2], None)
+        own_first, entry(1024), entry(4096, "3.6.0"), entry(16384, "3.6.0"),
+        entry(16384, "3.9.0", config="other")]}
+    assert select_entries(table, "3.6.0") == (table["entries"][1:4], None)
+    entries, note = select_entries(table, "3.9.0")
+    assert entries == [table["entries"][1], table["entries"][4]]
+    assert "1 bucket(s)" in note and "3.9.0" in note and "3.6.0" in note
     entries, note = select_entries(table, "3.8.0")  # nothing measured on 3.8.0
-    assert entries == table["entries"][:2] and "3.8.0" in note and "3.6.0" in note
+    assert entries == table["entries"][1:4] and "3 bucket(s)" in note
     for name in ("sm90_dispatch.json", "sm90_backward_dispatch.json"):  # each names its Triton
         committed = json.loads(files("attnlab.kernels").joinpath(name).read_text())
         assert all(e["triton"] for e in committed["entries"])
+
+
+def test_a_run_on_one_triton_updates_only_its_own_entries_of_the_buckets_it_measured():
+    from attnlab.kernels._sm90 import merged_table, select_entries
+
+    def entry(bucket, release, config):
+        return {"head_dim": 256, "causal": True, "bucket": bucket, "config": config,
+                "triton": release}
+
+    current = {"source": {"triton": "3.6.0", "git_commit": "old"}, "min_gain": 1.02,
+               "entries": [entry(1024, "3.6.0", {"n": 1}), entry(4096, "3.6.0", {"n": 2}),
+                           entry(4096, "3.9.0", {"n": 3}), entry(16384, "3.9.0", {"n": 4})]}
+    env = {"triton": "3.9.0", "git_commit": "new", "timestamp": "now"}
+    # The 3.9 run timed 4k (the Gluon kernel won with config 5) and 1k (it lost).
+    table = merged_table(current, [{**entry(4096, None, {"n": 5}), "sm90_vs_triton": 1.1}],
+                         {(256, True, 4096), (256, True, 1024)}, env)
+    assert table["source"] == current["source"] and table["min_gain"] == 1.02
+    by_key = {(e["bucket"], e["triton"]): e for e in table["entries"]}
+    assert set(by_key) == {(1024, "3.6.0"), (1024, "3.9.0"), (4096, "3.6.0"), (4096, "3.9.0"),
+                           (16384, "3.9.0")}
+    assert by_key[1024, "3.9.0"]["config"] is None
+    assert by_key[4096, "3.9.0"]["config"] == {"n": 5}
+    assert by_key[4096, "3.9.0"]["measured"] == {"git_commit": "new", "timestamp": "now"}
+    assert by_key[4096, "3.6.0"] == current["entries"][1]  # another release's: untouched
+    assert by_key[16384, "3.9.0"] == current["entries"][3]  # a bucket not measured: kept
+    assert [e["config"] for e in select_entries(table, "3.9.0")[0]] == [{"n": 5}, {"n": 4}]
+    assert [e["config"] for e in select_entries(table, "3.6.0")[0]] == [{"n": 1}, {"n": 2}]
+    fresh = merged_table(None, [], {(256, True, 1024)}, env)  # no table yet: this run's source
+    assert fresh["source"]["triton"] == "3.9.0" and fresh["entries"][0]["config"] is None
 
 
 def test_cpu_tensors_never_dispatch_to_gluon():
@@ -298,7 +341,7 @@ def test_dispatch_table_script_leaves_publicly_slower_buckets_to_triton(tmp_path
     script = Path(__file__).parents[1] / "bench" / "sm90_dispatch_table.py"
     winner = {"winner": "sm90", "sm90_config": "sm90[n128,s2,r24,split,persistent]",
               "head_dim": 128, "heads": [16, 16], "sm90_vs_triton": 1.2}
-    winners = {"env": {"gpu": "test"}, "winners": [
+    winners = {"env": {"gpu": "test", "triton": "3.6.0"}, "winners": [
         {**winner, "causal": True, "bucket": 1024}, {**winner, "causal": True, "bucket": 4096},
         {**winner, "causal": False, "bucket": 4096, "winner": "triton"}]}
     (tmp_path / "winners.json").write_text(json.dumps(winners))
@@ -320,38 +363,43 @@ def test_dispatch_table_script_leaves_publicly_slower_buckets_to_triton(tmp_path
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     table = json.loads(out.read_text())
-    assert [(e["causal"], e["bucket"]) for e in table["entries"]] == [(True, 4096)]
-    assert table["entries"][0]["config"] == {"block_n": 128, "stages": 2, "producer_regs": 24,
+    # Every measured bucket has an entry; those the Gluon kernel did not win hold no config.
+    assert [(e["causal"], e["bucket"], e["config"] is None) for e in table["entries"]] == [
+        (False, 4096, True), (True, 1024, True), (True, 4096, False)]
+    assert table["entries"][2]["config"] == {"block_n": 128, "stages": 2, "producer_regs": 24,
                                              "schedule": "split", "persistent": True,
                                              "rescale": "late", "store": "direct"}
     assert [(e["bucket"], e["public_tflops"], e["baseline_public_tflops"])
             for e in table["dropped"]] == [(1024, 170.0, 297.0)]
 
 
-def test_dispatch_table_merge_keeps_the_buckets_a_run_did_not_measure(tmp_path):
-    """--merge: a sweep of some buckets replaces those (a measured Triton win removes one)
-    and keeps the rest of the table, each kept entry naming the run that measured it."""
+def test_dispatch_table_script_updates_its_own_tritons_entries_and_keeps_the_rest(tmp_path):
+    """A sweep on Triton 3.9 of some buckets adds 3.9's entries for those (a measured
+    Triton win as a null config) and keeps 3.6's entries and the table's source."""
     script = Path(__file__).parents[1] / "bench" / "sm90_dispatch_table.py"
     config = {"block_n": 64, "stages": 2, "producer_regs": 24, "schedule": "split",
               "persistent": True, "rescale": "late", "store": "direct"}
     current = {"source": {"git_commit": "old1234", "timestamp": "2026-12-01", "triton": "3.6.0"},
                "entries": [{"head_dim": 256, "causal": True, "bucket": b, "config": config,
-                            "sm90_vs_triton": 1.3, "measured_heads": [24, 4]}
+                            "sm90_vs_triton": 1.3, "measured_heads": [24, 4], "triton": "3.6.0"}
                            for b in (1024, 4096, 16384)]}
     out = tmp_path / "table.json"
     out.write_text(json.dumps(current))
     winner = {"winner": "sm90", "sm90_config": "sm90[n64,s2,r24,split,persistent]",
               "head_dim": 256, "causal": True, "heads": [24, 4], "sm90_vs_triton": 1.25}
-    winners = {"env": {"gpu": "test", "git_commit": "new5678"}, "winners": [
+    winners = {"env": {"gpu": "test", "git_commit": "new5678", "triton": "3.9.0"}, "winners": [
         {**winner, "bucket": 2048}, {**winner, "bucket": 4096, "winner": "triton"}]}
     (tmp_path / "winners.json").write_text(json.dumps(winners))
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "winners.json"),
-                           "--merge", "--out", str(out)],
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     table = json.loads(out.read_text())
-    assert [e["bucket"] for e in table["entries"]] == [1024, 2048, 16384]
-    by_bucket = {e["bucket"]: e for e in table["entries"]}
-    assert "measured_in" not in by_bucket[2048] and by_bucket[2048]["sm90_vs_triton"] == 1.25
-    assert by_bucket[1024]["measured_in"]["git_commit"] == "old1234"
-    assert table["source"]["git_commit"] == "new5678"
+    assert table["source"] == current["source"]
+    assert [(e["bucket"], e["triton"], e["config"] is None) for e in table["entries"]] == [
+        (1024, "3.6.0", False), (2048, "3.9.0", False), (4096, "3.6.0", False),
+        (4096, "3.9.0", True), (16384, "3.6.0", False)]
+    by_key = {(e["bucket"], e["triton"]): e for e in table["entries"]}
+    assert by_key[2048, "3.9.0"]["sm90_vs_triton"] == 1.25
+    assert by_key[2048, "3.9.0"]["measured"]["git_commit"] == "new5678"
+    assert by_key[1024, "3.6.0"] == current["entries"][0]

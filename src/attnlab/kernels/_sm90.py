@@ -253,21 +253,57 @@ def code_evidence(asm: dict) -> tuple[dict, str | None]:
     return evidence, sass
 
 
+def entry_bucket(entry: dict) -> tuple:
+    """A dispatch-table entry's bucket: (head_dim, causal, length bucket)."""
+    return entry["head_dim"], entry["causal"], entry["bucket"]
+
+
 def select_entries(table: dict, running: str) -> tuple[list[dict], str | None]:
     """(the entries to dispatch by, a note or None) of a dispatch table on Triton
-    ``running``: each entry names the Triton it was measured on (``triton``, else the
-    table's ``source``), and a bucket that wins on one release may not on another, so
-    the entries measured on ``running`` are used where the table has any.  Where it has
-    none, the entries of the table's own release stand in (the kernels compile the same
-    schedule on 3.6-3.9), and the note says so."""
+    ``running``.  Each entry names the Triton it was measured on (``triton``, else the
+    table's ``source``) and a bucket that wins on one release may not on another (the
+    d = 256 forward's vector store spills on 3.9 and not on 3.6), so per bucket the entry
+    measured on ``running`` decides where the table has one; elsewhere the entry of the
+    table's own release stands in (the kernels compile the same schedule on 3.6-3.9) and
+    the note says how many buckets do.  An entry whose ``config`` is None records that
+    the Triton kernel measured faster there: it dispatches nothing."""
     reference = table["source"]["triton"]
-    by_release: dict[str, list[dict]] = {}
+    chosen, own = {}, set()
     for entry in table["entries"]:
-        by_release.setdefault(entry.get("triton", reference), []).append(entry)
-    if running in by_release:
-        return by_release[running], None
-    return by_release.get(reference, []), (
-        f"no entries measured on Triton {running}; those measured on {reference} stand in")
+        release = entry.get("triton", reference)
+        if release == running:
+            chosen[entry_bucket(entry)] = entry
+            own.add(entry_bucket(entry))
+        elif release == reference and entry_bucket(entry) not in own:
+            chosen[entry_bucket(entry)] = entry
+    stand_ins = len(chosen) - len(own)
+    note = None if running == reference or not stand_ins else (
+        f"{stand_ins} bucket(s) have no entry measured on Triton {running}; those measured "
+        f"on {reference} stand in")
+    return [e for _, e in sorted(chosen.items()) if e["config"] is not None], note
+
+
+def merged_table(current: dict | None, entries: list[dict], measured: set, env: dict) -> dict:
+    """A dispatch table after a run on Triton ``env["triton"]`` that timed the buckets
+    ``measured`` and found the Gluon kernel faster in ``entries`` (each with its
+    ``config``): this release's entries for those buckets are replaced, a measured bucket
+    without a winner gets a ``config: None`` entry (the Triton kernel runs it), and every
+    other entry -- other buckets, other releases -- is kept as it was.  The table's
+    ``source`` (the release entries without a ``triton`` of their own were measured on,
+    and that stands in for a release's unmeasured buckets) stays the current table's."""
+    release = env["triton"]
+    run = {key: env.get(key) for key in ("git_commit", "timestamp")}
+    won = {entry_bucket(e): {**e, "triton": release, "measured": run} for e in entries}
+    new = [won.get(bucket) or dict(zip(("head_dim", "causal", "bucket"), bucket, strict=True),
+                                       config=None, triton=release, measured=run)
+           for bucket in measured]
+    source = (current or {}).get("source") or {
+        key: env.get(key) for key in ("gpu", "torch", "triton", "driver", "cuda_runtime",
+                                      "cudnn", "git_commit", "timestamp", "command")}
+    kept = [e for e in (current or {}).get("entries", [])
+            if not (e.get("triton", source["triton"]) == release and entry_bucket(e) in measured)]
+    return {**(current or {}), "source": source,
+            "entries": sorted(kept + new, key=lambda e: (entry_bucket(e), e.get("triton", source["triton"])))}
 
 
 @functools.cache
