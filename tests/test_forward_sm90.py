@@ -305,7 +305,7 @@ def test_a_run_on_one_triton_updates_only_its_own_entries_of_the_buckets_it_meas
     current = {"source": {"triton": "3.6.0", "git_commit": "old"}, "min_gain": 1.02,
                "entries": [entry(1024, "3.6.0", {"n": 1}), entry(4096, "3.6.0", {"n": 2}),
                            entry(4096, "3.9.0", {"n": 3}), entry(16384, "3.9.0", {"n": 4})]}
-    env = {"triton": "3.9.0", "git_commit": "new", "timestamp": "now"}
+    env = {"triton": "3.9.0", "git_commit": "new", "timestamp": "now", "gpu": "H100"}
     # The 3.9 run timed 4k (the Gluon kernel won with config 5) and 1k (it lost).
     table = merged_table(current, [{**entry(4096, None, {"n": 5}), "sm90_vs_triton": 1.1}],
                          {(256, True, 4096), (256, True, 1024)}, env)
@@ -315,7 +315,8 @@ def test_a_run_on_one_triton_updates_only_its_own_entries_of_the_buckets_it_meas
                            (16384, "3.9.0")}
     assert by_key[1024, "3.9.0"]["config"] is None
     assert by_key[4096, "3.9.0"]["config"] == {"n": 5}
-    assert by_key[4096, "3.9.0"]["measured"] == {"git_commit": "new", "timestamp": "now"}
+    assert by_key[4096, "3.9.0"]["measured"] == {"gpu": "H100", "git_commit": "new",
+                                                 "timestamp": "now"}
     assert by_key[4096, "3.6.0"] == current["entries"][1]  # another release's: untouched
     assert by_key[16384, "3.9.0"] == current["entries"][3]  # a bucket not measured: kept
     assert [e["config"] for e in select_entries(table, "3.9.0")[0]] == [{"n": 5}, {"n": 4}]

@@ -292,7 +292,7 @@ def merged_table(current: dict | None, entries: list[dict], measured: set, env: 
     ``source`` (the release entries without a ``triton`` of their own were measured on,
     and that stands in for a release's unmeasured buckets) stays the current table's."""
     release = env["triton"]
-    run = {key: env.get(key) for key in ("git_commit", "timestamp")}
+    run = {key: env.get(key) for key in ("gpu", "git_commit", "timestamp")}
     won = {entry_bucket(e): {**e, "triton": release, "measured": run} for e in entries}
     new = [won.get(bucket) or dict(zip(("head_dim", "causal", "bucket"), bucket, strict=True),
                                        config=None, triton=release, measured=run)
