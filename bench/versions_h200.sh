@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# docs/versions.md's GPU verification, one Triton per call (it fits the device's
-# 10-minute command): the GPU test suite, then the forward, fwd+bwd and decode tables
-# against cuDNN, as bench/gpu_run.sh stages (results in $OUT/results.tar.gz; every
-# record's env names the Triton it ran on, and each stage's stdout starts with it).
+# docs/versions.md's GPU verification, two device calls per Triton (each fits the
+# device's 10-minute command): the GPU test suite ("tests"), then the forward, fwd+bwd
+# and decode tables against cuDNN ("tables"), as bench/gpu_run.sh stages (results in
+# $OUT/results.tar.gz; every record's env names the Triton it ran on, and each stage's
+# stdout starts with it).
 #
-#   usage, on the H200 from the repo root:  bash bench/versions_h200.sh 3.9.0
+#   usage, on the H200 from the repo root:  bash bench/versions_h200.sh 3.9.0 tests
+#                                            bash bench/versions_h200.sh 3.9.0 tables
 #
 # The machine's own Triton (3.6.0, beside its torch 2.11) runs as installed.  Another is
 # installed beside it into /tmp/tritons/VERSION from .whl/triton-VERSION-*.whl, or from
@@ -16,7 +18,9 @@
 # files between calls), the last call running this script.  torch.compile needs torch's
 # own Triton, so the compile tests and FlexAttention run only on that one.
 set -euo pipefail
-version=${1:?usage: bash bench/versions_h200.sh TRITON_VERSION}
+version=${1:?usage: bash bench/versions_h200.sh TRITON_VERSION tests|tables}
+part=${2:?usage: bash bench/versions_h200.sh TRITON_VERSION tests|tables}
+[[ $part == tests || $part == tables ]] || { echo "the second argument is tests or tables, got $part"; exit 2; }
 cd "$(dirname "$0")/.."
 own=$(python3 -c "import triton; print(triton.__version__)")
 path=src skip="" providers=sdpa_cudnn,sdpa_flash,flex,attnlab,attnlab_deterministic
@@ -33,13 +37,25 @@ if [[ $version != "$own" ]]; then
         fi
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$target" "$wheel"
     fi
-    path=$target:src skip="-k 'not compile'" providers=sdpa_cudnn,sdpa_flash,attnlab,attnlab_deterministic
+    path=$target:src skip=1 providers=sdpa_cudnn,sdpa_flash,attnlab,attnlab_deterministic
 fi
 run="PYTHONPATH=$path python3"
 which="$run -c 'import triton; print(\"triton\", triton.__version__, triton.__file__)' &&"
 tag=triton-$version
-bash bench/gpu_run.sh \
-    "$tag-gpu-tests:200:$which $run -m pytest -q -m gpu -p no:cacheprovider $skip tests" \
-    "$tag-forward:150:$which $run bench/forward_h200.py --out \$STAGE_OUT --phases bench --groups d128,gqa_d256 --bench-budget 120" \
-    "$tag-fwdbwd:130:$which $run bench/backward_h200.py --out \$STAGE_OUT --phases bench --quick --providers $providers" \
-    "$tag-decode:100:$which $run bench/decode_h200.py --out \$STAGE_OUT --quick"
+# The GPU suite compiles hundreds of kernel specialisations on a fresh machine (session
+# 14: 4 tests in 200 s, one process): it runs in 8 processes (pytest-xdist is on the
+# device), the tests past 2^31 elements after them on their own (each needs 13-22 GiB
+# free), and the every-head-dim grid, which spawns its own 15 processes, last; each
+# stage's output goes straight to its stdout.txt, so a stage cut by its limit still
+# shows what passed.
+if [[ $part == tests ]]; then
+    bash bench/gpu_run.sh \
+        "$tag-gpu-tests:240:$which $run -m pytest -q -m gpu -p no:cacheprovider -n 8 -rfE -k '${skip:+not compile and }not 2_31 and not every_head_dim' tests" \
+        "$tag-gpu-big:80:$run -m pytest -q -m gpu -p no:cacheprovider -rfE -k '${skip:+not compile and }2_31' tests" \
+        "$tag-gpu-grid:150:$run -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_backward.py::test_gpu_gradient_grid_every_head_dim"
+else
+    bash bench/gpu_run.sh \
+        "$tag-forward:150:$which $run bench/forward_h200.py --out \$STAGE_OUT --phases bench --groups d128,gqa_d256 --bench-budget 120" \
+        "$tag-fwdbwd:130:$which $run bench/backward_h200.py --out \$STAGE_OUT --phases bench --quick --providers $providers" \
+        "$tag-decode:100:$which $run bench/decode_h200.py --out \$STAGE_OUT --quick"
+fi
