@@ -51,8 +51,8 @@ tag=triton-$version
 if [[ $part == tests ]]; then
     bash bench/gpu_run.sh \
         "$tag-gpu-tests:240:$which $run -m pytest -q -m gpu -p no:cacheprovider -n 8 -rfE -k '${skip:+not compile and }not 2_31 and not every_head_dim' tests" \
-        "$tag-gpu-big:80:$run -m pytest -q -m gpu -p no:cacheprovider -rfE -k '${skip:+not compile and }2_31' tests" \
-        "$tag-gpu-grid:150:$run -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_backward.py::test_gpu_gradient_grid_every_head_dim"
+        "$tag-gpu-big:80:$which $run -m pytest -q -m gpu -p no:cacheprovider -rfE -k '${skip:+not compile and }2_31' tests" \
+        "$tag-gpu-grid:150:$which $run -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_backward.py::test_gpu_gradient_grid_every_head_dim"
 else
     bash bench/gpu_run.sh \
         "$tag-forward:150:$which $run bench/forward_h200.py --out \$STAGE_OUT --phases bench --groups d128,gqa_d256 --bench-budget 120" \
