@@ -115,7 +115,7 @@ def main() -> None:
     if args.public is not None:
         entries, dropped = public_path_drops(entries, args.public, args.baseline, length_bucket)
     # The committed table, updated for this run's Triton and buckets only: every other
-    # release's entries and every unmeasured bucket stay (kernels/_sm90.select_entries).
+    # release's entries and every unmeasured bucket stay (kernels/_sm90.merged_table).
     current = json.loads(args.out.read_text()) if args.out.exists() else None
     measured_buckets = {(row["head_dim"], row["causal"], row["bucket"])
                         for row in measured["winners"]}

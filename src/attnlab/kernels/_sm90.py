@@ -291,19 +291,23 @@ def merged_table(current: dict | None, entries: list[dict], measured: set, env: 
     other entry -- other buckets, other releases -- is kept as it was.  The table's
     ``source`` (the release entries without a ``triton`` of their own were measured on,
     and that stands in for a release's unmeasured buckets) stays the current table's."""
-    release = env["triton"]
+    release, current = env["triton"], current or {}
     run = {key: env.get(key) for key in ("gpu", "git_commit", "timestamp")}
     won = {entry_bucket(e): {**e, "triton": release, "measured": run} for e in entries}
     new = [won.get(bucket) or dict(zip(("head_dim", "causal", "bucket"), bucket, strict=True),
                                        config=None, triton=release, measured=run)
            for bucket in measured]
-    source = (current or {}).get("source") or {
+    source = current.get("source") or {
         key: env.get(key) for key in ("gpu", "torch", "triton", "driver", "cuda_runtime",
                                       "cudnn", "git_commit", "timestamp", "command")}
-    kept = [e for e in (current or {}).get("entries", [])
-            if not (e.get("triton", source["triton"]) == release and entry_bucket(e) in measured)]
-    return {**(current or {}), "source": source,
-            "entries": sorted(kept + new, key=lambda e: (entry_bucket(e), e.get("triton", source["triton"])))}
+
+    def release_of(entry):
+        return entry.get("triton", source["triton"])
+
+    kept = [e for e in current.get("entries", [])
+            if not (release_of(e) == release and entry_bucket(e) in measured)]
+    return {**current, "source": source,
+            "entries": sorted(kept + new, key=lambda e: (entry_bucket(e), release_of(e)))}
 
 
 @functools.cache
