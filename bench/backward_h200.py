@@ -301,7 +301,9 @@ def phase_tune(ctx) -> dict:
 SM90_CANDIDATES = {  # head_dim -> (block_m, stages); session 5 run 1 measured more
     128: [(64, 2), (64, 3), (32, 3)],  # m32 s2/s4: within 3% of m32 s3
     64: [(64, 2), (64, 3), (128, 2)],  # m64 s4, m32 s3: 0.6-1.0x m64 s2 (session 5);
-}                                      # m128 no longer spills (LSE/D in shared memory)
+                                       # m128 no longer spills (LSE/D in shared memory)
+    256: [(32, 2), (32, 3)],           # the dK launch's K and V leave room for no more
+}
 SM90_ACCURACY_PAIRS = [(1, 1), (1, 239), (239, 1), (113, 203), (203, 113), (1023, 1024),
                        (2048, 2048), (64, 4000)]
 

@@ -104,8 +104,14 @@ def gluon_tasks(kernels, head_dims) -> list[tuple]:
                    for c in (False, True)}
         for (head_dim, causal, config), dtype in itertools.product(sorted(chosen, key=str),
                                                                    ("bf16", "fp16")):
-            if head_dim in head_dims:
-                tasks.append((name, head_dim, config, dict(dtype=dtype, causal=causal)))
+            if head_dim not in head_dims:
+                continue
+            # A one-gradient head dim's dK/dV is two kernels: the dV launch and the dK one.
+            forms = (("dv", "dk") if name == "gluon-dkdv"
+                     and head_dim in backward_sm90.ONE_GRADIENT_PER_LAUNCH else (None,))
+            for form in forms:
+                options = dict(dtype=dtype, causal=causal, **({"form": form} if form else {}))
+                tasks.append((name, head_dim, config, options))
     return tasks
 
 
@@ -134,7 +140,7 @@ def _defaults(cls) -> dict:
 
 _CONFIG_DEFAULTS = {cls.__name__: _defaults(cls) for cls in (BackwardConfig,)}
 _BUILD_FIELDS = ("triton", "kernel", "head_dim", "config", "dtype", "causal", "window",
-                 "softcap", "varlen")
+                 "softcap", "varlen", "form")
 
 
 def read_rows(path: str) -> list[dict]:

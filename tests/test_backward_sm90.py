@@ -43,7 +43,7 @@ def test_the_covered_call_is_accepted():
     ({"capability": None}, "sm_90"),
     ({"capability": (8, 0)}, "sm_80"),
     ({"dtype": torch.float32}, "dtype"),
-    ({"head_dim": 256}, "head_dim"),
+    ({"head_dim": 32}, "head_dim"),
     ({"head_dim": 96}, "head_dim"),
     ({"window": (19, 7)}, "window"),
     ({"softcap": 30.0}, "softcap"),
@@ -202,6 +202,47 @@ def test_compiles_for_sm90_with_roles_and_no_spills(json_from_fresh_python):
         assert all(n <= bound for n, bound in zip(spills, known, strict=True)), spills
 
 
+@built_here
+def test_d256_forms_one_gradient_per_launch_in_the_registers(json_from_fresh_python):
+    # dK and dV of 64 keys x 256 would be 256 fp32 registers a thread: the dV launch and
+    # the dK launch each hold one accumulator.  The dK launch (K, V and the dO ring) is
+    # the larger; the refusal's estimate bounds it, the dV launch has V's 64 KiB less.
+    compiled = json_from_fresh_python(
+        "import json; from attnlab.kernels.backward_sm90 import *; out = []\n"
+        "for c in (DEFAULT_CONFIGS[256], Sm90BackwardConfig(32, 3)):\n"
+        "    for form in ('dv', 'dk'):\n"
+        "        k = compile_for_sm90(256, c, causal=True, form=form)\n"
+        "        out.append({**sass_evidence(k.asm), 'shared': k.metadata.shared,\n"
+        "                    'estimate': shared_memory_bytes(256, c), 'form': form})\n"
+        "print(json.dumps(out))")
+    for evidence in compiled:
+        assert ["inc", "240"] in evidence["setmaxnreg"]
+        assert evidence["barrier_threads"] == [128]
+        assert evidence["shared"] <= evidence["estimate"] <= SHARED_MEMORY_LIMIT
+        # The dK launch waits for S^T while dP^T is in flight; the dV launch has no dP.
+        assert (evidence["wait_group_1"] > 0) == (evidence["form"] == "dk")
+    dv, dk = compiled[:2]
+    assert dk["estimate"] - dk["shared"] <= 1024
+    assert dk["shared"] - dv["shared"] >= 2 * 64 * 256 * 2
+    spills = [e.get("local_memory_ops") for e in compiled]
+    if None not in spills:
+        # Triton 3.6's ptxas: none.  3.9's (CUDA 13.4) spills the causal dK launch's
+        # mask stage: 22 LDL/STL, compiled here.
+        assert all(n <= (22 if e["form"] == "dk" else 0) for n, e in
+                   zip(spills, compiled, strict=True)), spills
+
+
+def test_d256_plans_the_dv_launch_then_the_dk_launch():
+    from attnlab.kernels import backward_sm90
+
+    assert backward_sm90.gradient_forms(256) == ((False, True), (True, False))
+    assert backward_sm90.gradient_forms(128) == ((True, True),)
+    assert refusal(**{**ALLOWED, "head_dim": 256}) is None
+    # 64-row tiles leave the dK launch no room for two stages.
+    reason = refusal(**{**ALLOWED, "head_dim": 256}, config=Sm90BackwardConfig(64, 2))
+    assert reason is not None and "shared memory" in reason
+
+
 # ----- gradients on the GPU ---------------------------------------------------------------
 
 make_qkv = functools.partial(shared_make_qkv, device="cuda")
@@ -222,7 +263,7 @@ def sm90_gradients(q, k, v, dout, *, layout, causal, config):
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_gradient_grid(dtype, head_dim, causal):
     for i, ((seqlen_q, seqlen_k), heads) in enumerate(itertools.product(SEQLEN_PAIRS, HEADS)):
@@ -269,7 +310,7 @@ def test_dispatch_looks_up_the_bucket_of_the_longer_sequence():
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_gpu_direct_gluon_launches_equal_tritons_own_path(monkeypatch, head_dim):
     # After its first compile a planned Gluon launch encodes the TMA descriptors itself and
     # calls the C launcher (_sm90.PlannedGluonLaunch, _launch.CompiledLaunch.raw): the same
@@ -295,7 +336,8 @@ def test_gpu_direct_gluon_launches_equal_tritons_own_path(monkeypatch, head_dim)
     step()  # compiles (or finds compiled) every kernel
     direct = step()
     planned = [p for p in backward._PLANS.plans.values() if p.sm90_dkdv is not None]
-    assert planned and all(p.sm90_dkdv.launch is not None for p in planned)  # went direct
+    assert planned and all(launch.launch is not None for p in planned
+                           for launch in p.sm90_dkdv.launches)  # went direct
     seen = []
     knobs.runtime.launch_enter_hook.add(seen.append)  # a registered hook sees the launches
     try:

@@ -75,8 +75,11 @@ from attnlab.kernels._sm90 import (
     tma_load_box,
 )
 
-# d = 256 would need 2 x 64 x 256 fp32 accumulators per warpgroup: 256 registers a thread.
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+# At d = 256 dK and dV together would take 2 x 64 x 256 fp32 per warpgroup, 256 registers
+# a thread: there a launch forms one of them (one accumulator, 128 registers), the dV
+# launch then the dK launch (bench/NOTES.md B20's split, in Gluon).
+ONE_GRADIENT_PER_LAUNCH = (256,)
 BLOCK_N = 128            # two consumer warpgroups x 64 keys
 KEYS_PER_WARPGROUP = BLOCK_N // 2
 _KEYS = gl.constexpr(KEYS_PER_WARPGROUP)  # the same, readable inside the kernel
@@ -135,6 +138,51 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
 
 
 @gluon.jit
+def _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready, empty,
+                    offs_n, m_lo, m_hi, ring, diag_offset, qk_scale,
+                    BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
+                    FORM_DK: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
+    """``_dkdv_tiles`` for one gradient: dV += P^T dO_j (two MMAs a tile), or
+    dK += dS^T Q_j with dP^T = V dO_j^T issued beside S^T (three)."""
+    dtype: gl.constexpr = q_smem.dtype
+    KEYS: gl.constexpr = k_wg.shape[0]
+    row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+    for start_m in range(m_lo, m_hi, BLOCK_M):
+        stage = ring % STAGES
+        mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
+        q_tile = q_smem.index(stage)
+        do_tile = do_smem.index(stage)
+        s_t = warpgroup_mma(k_wg, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if FORM_DK:
+            dp_t = warpgroup_mma(v_wg, do_tile.permute((1, 0)), s_zero, use_acc=False,
+                                 is_async=True)
+            s_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, k_wg))
+        else:
+            s_t, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s_t, k_wg))
+        s_t = s_t * qk_scale
+        if MASKED:
+            offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+            visible = (gl.expand_dims(offs_n, 1) <= gl.expand_dims(offs_m, 0) + diag_offset)
+            s_t = gl.where(visible, s_t, float("-inf"))
+        lse_log2 = lse_smem.index(stage).load(row_layout)
+        p_t = gl.exp2(s_t - gl.expand_dims(lse_log2, 0))
+        if FORM_DK:
+            dp_t, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dp_t, v_wg))
+            delta = delta_smem.index(stage).load(row_layout)
+            ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+            acc = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, acc,
+                                is_async=True)
+        else:
+            acc = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_tile, acc,
+                                is_async=True)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, q_tile, do_tile))
+        mbarrier.arrive(empty.index(stage), count=1)
+        ring += 1
+    return acc, ring
+
+
+@gluon.jit
 def _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   IS_CAUSAL: gl.constexpr):
     """[m_lo, m_full): query tiles that cross the diagonal (element mask); [m_full,
@@ -162,12 +210,27 @@ def _work(num_kv_blocks, num_kv_heads, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _store_keys(G, grad, off_b, off_hk, key0, seqlen_k, stride_b, stride_h, stride_n):
+    """This warpgroup's rows of dK or dV, as they come out of wgmma.  Keys no query sees
+    never met a visible score: their rows are exactly 0."""
+    KEYS: gl.constexpr = grad.shape[0]
+    HEAD_DIM: gl.constexpr = grad.shape[1]
+    offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, grad.type.layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, grad.type.layout))
+    ptrs = (G + off_b.to(gl.int64) * stride_b + off_hk.to(gl.int64) * stride_h
+            + gl.expand_dims(offs_k, 1).to(gl.int64) * stride_n + gl.expand_dims(offs_d, 0))
+    gl.store(ptrs, grad, mask=gl.expand_dims(offs_k, 1) < seqlen_k)
+
+
+@gluon.jit
 def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
               DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
               stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
               num_kv_blocks, qk_scale, scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
-              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """Consumer warpgroup ``WG``: keys [64 WG, 64 WG + 64) of the block, their dK, dV."""
+              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr,
+              FORM_DV: gl.constexpr):
+    """Consumer warpgroup ``WG``: keys [64 WG, 64 WG + 64) of the block, their dK and/or
+    dV (``FORM_DK``, ``FORM_DV``)."""
     dtype: gl.constexpr = q_smem.dtype
     KEYS: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
@@ -185,55 +248,67 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, r
     diag_offset = seqlen_k - seqlen_q
     k_wg = k_smem.index(WG)
     v_wg = v_smem.index(WG)
-    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
-    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
     mbarrier.wait(kv_ready, 0)
-
     ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
-    # The group's query heads come in the producer's order; the ring carries them.
-    for _group_head in range(group_size):
-        if IS_CAUSAL:
+    if FORM_DK and FORM_DV:
+        dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+        dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+        # The group's query heads come in the producer's order; the ring carries them.
+        for _group_head in range(group_size):
+            if IS_CAUSAL:
+                dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem,
+                                           delta_smem, ready, empty, offs_n, m_lo, m_full,
+                                           ring, diag_offset, qk_scale, BLOCK_M, STAGES, True,
+                                           s_layout, p_layout)
             dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem,
-                                       delta_smem, ready, empty, offs_n, m_lo, m_full, ring,
-                                       diag_offset, qk_scale, BLOCK_M, STAGES, True,
+                                       delta_smem, ready, empty, offs_n, m_full, seqlen_q,
+                                       ring, diag_offset, qk_scale, BLOCK_M, STAGES, False,
                                        s_layout, p_layout)
-        dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem,
-                                   ready, empty, offs_n, m_full, seqlen_q, ring,
-                                   diag_offset, qk_scale, BLOCK_M, STAGES, False,
-                                   s_layout, p_layout)
-
-    # Keys no query sees never met a visible score: dK = dV = 0 exactly.
-    offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    rows = gl.expand_dims(offs_k, 1).to(gl.int64)
-    store_mask = gl.expand_dims(offs_k, 1) < seqlen_k
-    dk_ptrs = (DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh
-               + rows * stride_dkn + gl.expand_dims(offs_d, 0))
-    dv_ptrs = (DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh
-               + rows * stride_dvn + gl.expand_dims(offs_d, 0))
-    gl.store(dk_ptrs, (dk * scale).to(dtype), mask=store_mask)
-    gl.store(dv_ptrs, dv.to(dtype), mask=store_mask)
+        _store_keys(DK, (dk * scale).to(dtype), off_b, off_hk, key0, seqlen_k, stride_dkb,
+                    stride_dkh, stride_dkn)
+        _store_keys(DV, dv.to(dtype), off_b, off_hk, key0, seqlen_k, stride_dvb, stride_dvh,
+                    stride_dvn)
+    else:
+        acc = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+        for _group_head in range(group_size):
+            if IS_CAUSAL:
+                acc, ring = _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem,
+                                            delta_smem, ready, empty, offs_n, m_lo, m_full,
+                                            ring, diag_offset, qk_scale, BLOCK_M, STAGES,
+                                            True, FORM_DK, s_layout, p_layout)
+            acc, ring = _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem,
+                                        delta_smem, ready, empty, offs_n, m_full, seqlen_q,
+                                        ring, diag_offset, qk_scale, BLOCK_M, STAGES, False,
+                                        FORM_DK, s_layout, p_layout)
+        if FORM_DK:
+            _store_keys(DK, (acc * scale).to(dtype), off_b, off_hk, key0, seqlen_k,
+                        stride_dkb, stride_dkh, stride_dkn)
+        else:
+            _store_keys(DV, acc.to(dtype), off_b, off_hk, key0, seqlen_k, stride_dvb,
+                        stride_dvh, stride_dvn)
 
 
 @gluon.jit
 def _producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem,
               do_smem, lse_smem, delta_smem, kv_ready, ready, empty, num_kv_heads, group_size,
               seqlen_q, seqlen_k, num_kv_blocks, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-              IS_CAUSAL: gl.constexpr):
+              IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr):
     """The producer partition (one warp): the K/V block once, then Q_j, dO_j and their
     LSE and D rows per tile of every query head of the group, paced by the ring's empty
-    barriers.  Each box lands in the tile the MMAs read (``tma_load_box``)."""
+    barriers.  Each box lands in the tile the MMAs read (``tma_load_box``).  A dV-only
+    launch (no ``FORM_DK``) needs neither V nor D."""
     KEYS: gl.constexpr = k_smem.shape[1]
     tile_bytes: gl.constexpr = (2 * q_desc.block_type.nbytes + lse_desc.block_type.nbytes
-                                + delta_desc.block_type.nbytes)
+                                + (delta_desc.block_type.nbytes if FORM_DK else 0))
 
     start_n, off_b, off_hk = _work(num_kv_blocks, num_kv_heads, 2 * KEYS)
-    mbarrier.expect(kv_ready, 4 * k_desc.block_type.nbytes)
+    mbarrier.expect(kv_ready, (4 if FORM_DK else 2) * k_desc.block_type.nbytes)
     for half in gl.static_range(2):
         tma_load_box(k_desc, [off_b, off_hk, start_n + half * KEYS, 0], kv_ready,
                      k_smem.index(half))
-        tma_load_box(v_desc, [off_b, off_hk, start_n + half * KEYS, 0], kv_ready,
-                     v_smem.index(half))
+        if FORM_DK:
+            tma_load_box(v_desc, [off_b, off_hk, start_n + half * KEYS, 0], kv_ready,
+                         v_smem.index(half))
 
     m_lo, m_full = _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M, 2 * KEYS, IS_CAUSAL)
     ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
@@ -251,8 +326,9 @@ def _producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_s
             # Past seqlen_q TMA zero-fills LSE and D, as it does Q and dO.
             tma_load_box(lse_desc, [off_b, off_h, start_m], ready.index(stage),
                          lse_smem.index(stage))
-            tma_load_box(delta_desc, [off_b, off_h, start_m], ready.index(stage),
-                         delta_smem.index(stage))
+            if FORM_DK:
+                tma_load_box(delta_desc, [off_b, off_h, start_m], ready.index(stage),
+                             delta_smem.index(stage))
             ring += 1
 
 
@@ -273,21 +349,27 @@ def _attn_bwd_dkdv_sm90(
     qk_scale, scale,
     # meta-parameters
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    IS_CAUSAL: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr, FORM_DV: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = DK.dtype.element_ty
     KEYS: gl.constexpr = _KEYS
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HEAD_DIM], dtype)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     # One plain row per slot: the unswizzled bytes the TMA box [1, 1, BLOCK_M] writes.
     row_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_smem_layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_smem_layout)
+    # dP = V dO^T and D are dK's alone: a dV-only launch names K's and LSE's buffers
+    # for them and never reads them (its shared memory is then 2 x 64 x d x 2 B smaller).
+    if FORM_DK:
+        v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_smem_layout)
+    else:
+        v_smem = k_smem
+        delta_smem = lse_smem
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -301,15 +383,17 @@ def _attn_bwd_dkdv_sm90(
         (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
                      empty, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                      stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
-                     num_kv_blocks, qk_scale, scale, 0, BLOCK_M, STAGES, IS_CAUSAL)),
+                     num_kv_blocks, qk_scale, scale, 0, BLOCK_M, STAGES, IS_CAUSAL,
+                     FORM_DK, FORM_DV)),
         (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
                      empty, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                      stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
-                     num_kv_blocks, qk_scale, scale, 1, BLOCK_M, STAGES, IS_CAUSAL)),
+                     num_kv_blocks, qk_scale, scale, 1, BLOCK_M, STAGES, IS_CAUSAL,
+                     FORM_DK, FORM_DV)),
         (_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
                      q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                      num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks, BLOCK_M,
-                     STAGES, IS_CAUSAL)),
+                     STAGES, IS_CAUSAL, FORM_DK)),
     ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
     mbarrier.invalidate(kv_ready)
@@ -356,12 +440,14 @@ class Sm90BackwardConfig:
 DEFAULT_CONFIGS = {
     64: Sm90BackwardConfig(block_m=128, stages=2),
     128: Sm90BackwardConfig(block_m=64, stages=2),
+    # The dK launch's K, V blocks (128 KiB) leave room for 32-row Q/dO tiles only.
+    256: Sm90BackwardConfig(block_m=32, stages=2),
 }
 
 
 def shared_memory_bytes(head_dim: int, config: Sm90BackwardConfig, itemsize: int = 2) -> int:
     """The K/V block + the Q/dO ring + the fp32 LSE/D ring + barriers and slack: what one
-    CTA allocates."""
+    CTA allocates (a dV-only launch less)."""
     tiles = 2 * BLOCK_N * head_dim + 2 * config.stages * config.block_m * head_dim
     rows = 2 * config.stages * config.block_m * 4
     return tiles * itemsize + rows + 8 * (1 + 2 * config.stages) + 512
@@ -410,10 +496,29 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
     return reason is None, reason or ""
 
 
+class PlannedLaunches:
+    """Launches made one after the other with the same arguments: at d = 256 the dV
+    launch, then the dK launch (``ONE_GRADIENT_PER_LAUNCH``)."""
+
+    def __init__(self, launches: tuple[PlannedGluonLaunch, ...]) -> None:
+        self.launches = launches
+
+    def __call__(self, bases: tuple, tensors: tuple) -> None:
+        for launch in self.launches:
+            launch(bases, tensors)
+
+
+def gradient_forms(head_dim: int) -> tuple[tuple[bool, bool], ...]:
+    """(FORM_DK, FORM_DV) of each launch at this head dim."""
+    if head_dim in ONE_GRADIENT_PER_LAUNCH:
+        return ((False, True), (True, False))
+    return ((True, True),)
+
+
 def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
                 layout: str, scale: float, causal: bool,
-                config: Sm90BackwardConfig) -> PlannedGluonLaunch:
-    """The launch for tensors of these sizes, strides and alignment.  Called as
+                config: Sm90BackwardConfig) -> PlannedLaunches:
+    """The launch(es) for tensors of these sizes, strides and alignment.  Called as
     ``planned((k, v, q, dout, lse_log2, delta), (dk, dv))``: dK, dV, LSE·log2 e and D
     must be fresh contiguous allocations, the last two (batch, heads, ``padded_seqlen``)."""
     inputs = AttentionInputs.read(q, k, k, layout)
@@ -436,15 +541,19 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     static = (*out_strides,
               num_kv_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_kv_blocks,
               scale * LOG2E, scale)
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
-                      IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
-                      CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
-    # dK and dV are fresh allocations (16-byte aligned).
-    key = (config, causal, head_dim, q.dtype, q.device,
-           tuple(int_class(s) for s in out_strides),
-           max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
-    return PlannedGluonLaunch(_COMPILED, _attn_bwd_dkdv_sm90, grid, descriptors, static,
-                              constexprs, key, MAXNREG)
+    launches = []
+    for form_dk, form_dv in gradient_forms(head_dim):
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
+                          IS_CAUSAL=causal, FORM_DK=form_dk, FORM_DV=form_dv,
+                          PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=CONSUMER_REGS,
+                          num_warps=CONSUMER_WARPS)
+        # dK and dV are fresh allocations (16-byte aligned).
+        key = (config, causal, form_dk, form_dv, head_dim, q.dtype, q.device,
+               tuple(int_class(s) for s in out_strides),
+               max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
+        launches.append(PlannedGluonLaunch(_COMPILED, _attn_bwd_dkdv_sm90, grid, descriptors,
+                                           static, constexprs, key, MAXNREG))
+    return PlannedLaunches(tuple(launches))
 
 
 # Launched kernels by what Triton specialises them on (config, mask, head dim, dtype,
@@ -457,8 +566,10 @@ _COMPILED: dict[tuple, object] = {}
 # ---------------------------------------------------------------------------
 
 def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
-                     causal: bool = False, dtype: str = "bf16"):
-    """The compiled kernel (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata``) for sm_90a."""
+                     causal: bool = False, dtype: str = "bf16", form: str = ""):
+    """The compiled kernel (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata``) for sm_90a:
+    ``form`` "dk" or "dv" is one launch of a one-gradient head dim (default: its dK
+    launch, the larger), "dkdv" the two-gradient kernel."""
     from triton.runtime.jit import mangle_type
 
     config = config or DEFAULT_CONFIGS[head_dim]
@@ -478,9 +589,13 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
                  "num_kv_blocks"):
         signature[name] = "i32"
     signature.update(qk_scale="fp32", scale="fp32")
+    form = form or ("dk" if head_dim in ONE_GRADIENT_PER_LAUNCH else "dkdv")
+    if form not in ("dk", "dv", "dkdv"):
+        raise ValueError(f"form must be 'dk', 'dv' or 'dkdv', got {form!r}")
     constants = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
-                     IS_CAUSAL=causal, PRODUCER_REGS=config.producer_regs,
-                     CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
+                     IS_CAUSAL=causal, FORM_DK="dk" in form, FORM_DV="dv" in form,
+                     PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=CONSUMER_REGS,
+                     num_warps=CONSUMER_WARPS)
     return compile_sm90(_attn_bwd_dkdv_sm90, signature, constants,
                         ("DK", "DV", *strides), MAXNREG)
 
