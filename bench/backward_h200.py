@@ -302,7 +302,9 @@ SM90_CANDIDATES = {  # head_dim -> (block_m, stages); session 5 run 1 measured m
     128: [(64, 2), (64, 3), (32, 3)],  # m32 s2/s4: within 3% of m32 s3
     64: [(64, 2), (64, 3), (128, 2)],  # m64 s4, m32 s3: 0.6-1.0x m64 s2 (session 5);
                                        # m128 no longer spills (LSE/D in shared memory)
-    256: [(32, 2), (32, 3)],           # the dK launch's K and V leave room for no more
+    # The dK launch's K and V leave room for 32-row tiles; the dV launch's for 64 (v64x2).
+    256: [(32, 2), (32, 3), (32, 2, True), (32, 3, True), (32, 2, False, 64, 2),
+          (32, 2, True, 64, 2), (32, 3, True, 64, 2)],
 }
 SM90_ACCURACY_PAIRS = [(1, 1), (1, 239), (239, 1), (113, 203), (203, 113), (1023, 1024),
                        (2048, 2048), (64, 4000)]
@@ -330,8 +332,8 @@ def phase_sm90(ctx) -> None:
     started, failures, count, inaccurate = time.time(), 0, 0, set()
     heads = [(4, 4), (6, 2), (4, 1)]
     for head_dim in head_dims if not ctx.args.sm90_skip_accuracy else ():
-        for block_m, stages in SM90_CANDIDATES[head_dim]:
-            config = sm90.Sm90BackwardConfig(block_m, stages)
+        for fields in SM90_CANDIDATES[head_dim]:
+            config = sm90.Sm90BackwardConfig(*fields[:2], 24, *fields[2:])
             is_default = config == sm90.DEFAULT_CONFIGS[head_dim]
             cases = list(itertools.product(SM90_ACCURACY_PAIRS, (False, True)))
             cases = cases if is_default else cases[3::4]
@@ -366,8 +368,8 @@ def phase_sm90(ctx) -> None:
                                  causal=causal)
         base = backward_config(shape)
         timed = {"triton": time_backward(q, k, v, dout, out, lse, base, causal)}
-        for block_m, stages in SM90_CANDIDATES[head_dim]:
-            config = sm90.Sm90BackwardConfig(block_m, stages)
+        for fields in SM90_CANDIDATES[head_dim]:
+            config = sm90.Sm90BackwardConfig(*fields[:2], 24, *fields[2:])
             try:
                 timed[config.name()] = time_backward(q, k, v, dout, out, lse, None, causal,
                                                      dkdv_sm90=config)
@@ -565,6 +567,9 @@ def profile_plan(args) -> list[AttentionShape]:
     shapes = [AttentionShape(batch=16384 // seqlen, query_heads=16, kv_heads=16, seqlen_q=seqlen,
                              seqlen_k=seqlen, head_dim=head_dim, dtype="bf16", causal=causal)
               for head_dim, seqlen, causal in PROFILE_SHAPES]
+    # The seed's GQA layer (24q/4kv, d = 256) at 4k: where the backward is furthest off.
+    shapes.append(AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=4096,
+                                 seqlen_k=4096, head_dim=256, dtype="bf16", causal=True))
     return [s for s in shapes if shape_selected(s, args.shapes)]
 
 

@@ -79,7 +79,9 @@ def test_configs_outside_the_compiled_space_are_rejected(fields):
         Sm90BackwardConfig(**fields)
 
 
-@pytest.mark.parametrize("config", [Sm90BackwardConfig(32, 3), Sm90BackwardConfig(128, 2, 32)])
+@pytest.mark.parametrize("config", [Sm90BackwardConfig(32, 3), Sm90BackwardConfig(128, 2, 32),
+                                    Sm90BackwardConfig(32, 2, 24, True, 64, 2),
+                                    Sm90BackwardConfig(32, 3, pipelined=True)])
 def test_config_names_round_trip(config):
     assert Sm90BackwardConfig.from_name(config.name()) == config
     with pytest.raises(ValueError, match="config name"):
@@ -235,8 +237,13 @@ def test_d256_forms_one_gradient_per_launch_in_the_registers(json_from_fresh_pyt
 def test_d256_plans_the_dv_launch_then_the_dk_launch():
     from attnlab.kernels import backward_sm90
 
-    assert backward_sm90.gradient_forms(256) == ((False, True), (True, False))
-    assert backward_sm90.gradient_forms(128) == ((True, True),)
+    assert DEFAULT_CONFIGS[256].launches(256) == ((False, True, 32, 2), (True, False, 32, 2))
+    assert DEFAULT_CONFIGS[128].launches(128) == ((True, True, 64, 2),)
+    # The dV launch (no V block, no D) has room for 64-row tiles where the dK launch has not.
+    wide_dv = Sm90BackwardConfig(32, 2, dv_block_m=64, dv_stages=2)
+    assert wide_dv.launches(256)[0] == (False, True, 64, 2)
+    assert backward_sm90.shared_memory_bytes(256, wide_dv) \
+        == backward_sm90.shared_memory_bytes(256, DEFAULT_CONFIGS[256])
     assert refusal(**{**ALLOWED, "head_dim": 256}) is None
     # 64-row tiles leave the dK launch no room for two stages.
     reason = refusal(**{**ALLOWED, "head_dim": 256}, config=Sm90BackwardConfig(64, 2))

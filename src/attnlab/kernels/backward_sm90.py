@@ -50,6 +50,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     warpgroup_mma,
+    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -141,13 +142,22 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
 def _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready, empty,
                     offs_n, m_lo, m_hi, ring, diag_offset, qk_scale,
                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-                    FORM_DK: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
+                    FORM_DK: gl.constexpr, PIPELINED: gl.constexpr,
+                    s_layout: gl.constexpr, p_layout: gl.constexpr):
     """``_dkdv_tiles`` for one gradient: dV += P^T dO_j (two MMAs a tile), or
-    dK += dS^T Q_j with dP^T = V dO_j^T issued beside S^T (three)."""
+    dK += dS^T Q_j with dP^T = V dO_j^T issued beside S^T (three).
+
+    PIPELINED leaves tile j's accumulate in flight while tile j + 1's S^T (and dP^T) are
+    issued behind it, so the tensor cores are handed the next tile's work before this
+    warpgroup waits (wgmma groups complete in order: the wait for S^T_{j+1} also
+    completes the accumulate of tile j, and only then is tile j's slot released)."""
     dtype: gl.constexpr = q_smem.dtype
     KEYS: gl.constexpr = k_wg.shape[0]
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
+    first = ring
+    if PIPELINED:
+        acc = warpgroup_mma_init(acc)  # the loop carries an accumulate in flight
     for start_m in range(m_lo, m_hi, BLOCK_M):
         stage = ring % STAGES
         mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
@@ -157,9 +167,13 @@ def _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, read
         if FORM_DK:
             dp_t = warpgroup_mma(v_wg, do_tile.permute((1, 0)), s_zero, use_acc=False,
                                  is_async=True)
-            s_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, k_wg))
+            s_t, acc, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, acc, k_wg))
         else:
-            s_t, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s_t, k_wg))
+            s_t, acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s_t, acc, k_wg))
+        if PIPELINED:
+            # The accumulate of the tile before has completed with the wait above.
+            mbarrier.arrive(empty.index((ring + STAGES - 1) % STAGES), count=1,
+                            pred=ring > first)
         s_t = s_t * qk_scale
         if MASKED:
             offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
@@ -176,9 +190,13 @@ def _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, read
         else:
             acc = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_tile, acc,
                                 is_async=True)
-        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, q_tile, do_tile))
-        mbarrier.arrive(empty.index(stage), count=1)
+        if not PIPELINED:
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, q_tile, do_tile))
+            mbarrier.arrive(empty.index(stage), count=1)
         ring += 1
+    if PIPELINED:
+        acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, k_wg))
+        mbarrier.arrive(empty.index((ring + STAGES - 1) % STAGES), count=1, pred=ring > first)
     return acc, ring
 
 
@@ -228,7 +246,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, r
               stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
               num_kv_blocks, qk_scale, scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
               STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr,
-              FORM_DV: gl.constexpr):
+              FORM_DV: gl.constexpr, PIPELINED: gl.constexpr):
     """Consumer warpgroup ``WG``: keys [64 WG, 64 WG + 64) of the block, their dK and/or
     dV (``FORM_DK``, ``FORM_DV``)."""
     dtype: gl.constexpr = q_smem.dtype
@@ -275,11 +293,11 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, r
                 acc, ring = _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem,
                                             delta_smem, ready, empty, offs_n, m_lo, m_full,
                                             ring, diag_offset, qk_scale, BLOCK_M, STAGES,
-                                            True, FORM_DK, s_layout, p_layout)
+                                            True, FORM_DK, PIPELINED, s_layout, p_layout)
             acc, ring = _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem,
                                         delta_smem, ready, empty, offs_n, m_full, seqlen_q,
                                         ring, diag_offset, qk_scale, BLOCK_M, STAGES, False,
-                                        FORM_DK, s_layout, p_layout)
+                                        FORM_DK, PIPELINED, s_layout, p_layout)
         if FORM_DK:
             _store_keys(DK, (acc * scale).to(dtype), off_b, off_hk, key0, seqlen_k,
                         stride_dkb, stride_dkh, stride_dkn)
@@ -350,7 +368,8 @@ def _attn_bwd_dkdv_sm90(
     # meta-parameters
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr, FORM_DV: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    PIPELINED: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = DK.dtype.element_ty
     KEYS: gl.constexpr = _KEYS
@@ -384,12 +403,12 @@ def _attn_bwd_dkdv_sm90(
                      empty, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                      stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
                      num_kv_blocks, qk_scale, scale, 0, BLOCK_M, STAGES, IS_CAUSAL,
-                     FORM_DK, FORM_DV)),
+                     FORM_DK, FORM_DV, PIPELINED)),
         (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
                      empty, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                      stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
                      num_kv_blocks, qk_scale, scale, 1, BLOCK_M, STAGES, IS_CAUSAL,
-                     FORM_DK, FORM_DV)),
+                     FORM_DK, FORM_DV, PIPELINED)),
         (_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
                      q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                      num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks, BLOCK_M,
@@ -413,25 +432,51 @@ class Sm90BackwardConfig:
     block_m: int
     stages: int
     producer_regs: int = 24
+    # Leave each tile's accumulate in flight under the next tile's S^T (one-gradient
+    # launches, _dk_or_dv_tiles).
+    pipelined: bool = False
+    # A one-gradient head dim's dV launch has no V block and no D: room for larger
+    # query tiles than the dK launch's.  0: the same tiles as the dK launch.
+    dv_block_m: int = 0
+    dv_stages: int = 0
 
     def __post_init__(self) -> None:
-        if self.block_m not in (32, 64, 128):
-            raise ValueError(f"block_m must be 32, 64 or 128 (wgmma's N for S^T), "
-                             f"got {self.block_m}")
-        if self.stages not in (2, 3, 4):
-            raise ValueError(f"stages must be 2, 3 or 4, got {self.stages}")
+        for field, value in (("block_m", self.block_m), ("dv_block_m", self.dv_block_m)):
+            if value not in (32, 64, 128) and not (field == "dv_block_m" and value == 0):
+                raise ValueError(f"{field} must be 32, 64 or 128 (wgmma's N for S^T), "
+                                 f"got {value}")
+        for field, value in (("stages", self.stages), ("dv_stages", self.dv_stages)):
+            if value not in (2, 3, 4) and not (field == "dv_stages" and value == 0):
+                raise ValueError(f"{field} must be 2, 3 or 4, got {value}")
+        if bool(self.dv_block_m) != bool(self.dv_stages):
+            raise ValueError("dv_block_m and dv_stages are set together (or both 0)")
         check_producer_regs(self.producer_regs)
 
     def name(self) -> str:
-        """One token for records: sm90bwd[m64,s2,r24]."""
-        return f"sm90bwd[m{self.block_m},s{self.stages},r{self.producer_regs}]"
+        """One token for records: sm90bwd[m64,s2,r24], plus ",p" when pipelined and
+        ",v64x2" for the dV launch's own tiles."""
+        flags = ",p" if self.pipelined else ""
+        if self.dv_block_m:
+            flags += f",v{self.dv_block_m}x{self.dv_stages}"
+        return f"sm90bwd[m{self.block_m},s{self.stages},r{self.producer_regs}{flags}]"
 
     @classmethod
     def from_name(cls, name: str) -> Sm90BackwardConfig:
-        match = re.fullmatch(r"sm90bwd\[m(\d+),s(\d+),r(\d+)\]", name)
+        match = re.fullmatch(r"sm90bwd\[m(\d+),s(\d+),r(\d+)(,p)?(?:,v(\d+)x(\d+))?\]", name)
         if match is None:
             raise ValueError(f"not an sm90 backward config name: {name!r}")
-        return cls(*(int(g) for g in match.groups()))
+        block_m, stages, regs, pipelined, dv_block_m, dv_stages = match.groups()
+        return cls(int(block_m), int(stages), int(regs), pipelined is not None,
+                   int(dv_block_m or 0), int(dv_stages or 0))
+
+    def launches(self, head_dim: int) -> tuple[tuple[bool, bool, int, int], ...]:
+        """(FORM_DK, FORM_DV, block_m, stages) of each launch at this head dim: at a
+        one-gradient head dim the dV launch, then the dK launch."""
+        if head_dim not in ONE_GRADIENT_PER_LAUNCH:
+            return ((True, True, self.block_m, self.stages),)
+        dv_tiles = (self.dv_block_m, self.dv_stages) if self.dv_block_m else \
+            (self.block_m, self.stages)
+        return ((False, True, *dv_tiles), (True, False, self.block_m, self.stages))
 
 
 # What a config-less call and the tests run: the tiles the dispatch table takes most
@@ -446,11 +491,15 @@ DEFAULT_CONFIGS = {
 
 
 def shared_memory_bytes(head_dim: int, config: Sm90BackwardConfig, itemsize: int = 2) -> int:
-    """The K/V block + the Q/dO ring + the fp32 LSE/D ring + barriers and slack: what one
-    CTA allocates (a dV-only launch less)."""
-    tiles = 2 * BLOCK_N * head_dim + 2 * config.stages * config.block_m * head_dim
-    rows = 2 * config.stages * config.block_m * 4
-    return tiles * itemsize + rows + 8 * (1 + 2 * config.stages) + 512
+    """The K (and V) block + the Q/dO ring + the fp32 LSE (and D) ring + barriers and
+    slack: what one CTA allocates, in the largest of the config's launches."""
+    largest = 0
+    for form_dk, _, block_m, stages in config.launches(head_dim):
+        blocks = (2 if form_dk else 1) * BLOCK_N * head_dim
+        tiles = blocks + 2 * stages * block_m * head_dim
+        rows = (2 if form_dk else 1) * stages * block_m * 4
+        largest = max(largest, tiles * itemsize + rows + 8 * (1 + 2 * stages) + 512)
+    return largest
 
 
 def padded_seqlen(seqlen_q: int) -> int:
@@ -508,13 +557,6 @@ class PlannedLaunches:
             launch(bases, tensors)
 
 
-def gradient_forms(head_dim: int) -> tuple[tuple[bool, bool], ...]:
-    """(FORM_DK, FORM_DV) of each launch at this head dim."""
-    if head_dim in ONE_GRADIENT_PER_LAUNCH:
-        return ((False, True), (True, False))
-    return ((True, True),)
-
-
 def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
                 layout: str, scale: float, causal: bool,
                 config: Sm90BackwardConfig) -> PlannedLaunches:
@@ -531,22 +573,22 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     out_strides = 2 * layout_named(layout).bhs_strides(torch.empty(k.shape, device="meta"))
     rows = torch.empty((batch, num_heads, padded_seqlen(seqlen_q)), dtype=torch.float32,
                        device="meta")
-    row_descriptor = PlannedDescriptor(rows, row_stat_descriptor_parts(rows, seqlen_q,
-                                                                       config.block_m))
-    descriptors = (PlannedDescriptor(k, descriptor_parts(k, layout, KEYS_PER_WARPGROUP)),
-                   PlannedDescriptor(v, descriptor_parts(v, layout, KEYS_PER_WARPGROUP)),
-                   PlannedDescriptor(q, descriptor_parts(q, layout, config.block_m)),
-                   PlannedDescriptor(dout, descriptor_parts(dout, layout, config.block_m)),
-                   row_descriptor, row_descriptor)  # LSE·log2 e and D
     static = (*out_strides,
               num_kv_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_kv_blocks,
               scale * LOG2E, scale)
     launches = []
-    for form_dk, form_dv in gradient_forms(head_dim):
-        constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
+    for form_dk, form_dv, block_m, stages in config.launches(head_dim):
+        row_descriptor = PlannedDescriptor(rows, row_stat_descriptor_parts(rows, seqlen_q,
+                                                                           block_m))
+        descriptors = (PlannedDescriptor(k, descriptor_parts(k, layout, KEYS_PER_WARPGROUP)),
+                       PlannedDescriptor(v, descriptor_parts(v, layout, KEYS_PER_WARPGROUP)),
+                       PlannedDescriptor(q, descriptor_parts(q, layout, block_m)),
+                       PlannedDescriptor(dout, descriptor_parts(dout, layout, block_m)),
+                       row_descriptor, row_descriptor)  # LSE·log2 e and D
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, STAGES=stages,
                           IS_CAUSAL=causal, FORM_DK=form_dk, FORM_DV=form_dv,
-                          PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=CONSUMER_REGS,
-                          num_warps=CONSUMER_WARPS)
+                          PIPELINED=config.pipelined, PRODUCER_REGS=config.producer_regs,
+                          CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
         # dK and dV are fresh allocations (16-byte aligned).
         key = (config, causal, form_dk, form_dv, head_dim, q.dtype, q.device,
                tuple(int_class(s) for s in out_strides),
@@ -573,13 +615,20 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
     from triton.runtime.jit import mangle_type
 
     config = config or DEFAULT_CONFIGS[head_dim]
+    forms = {("dk" if dk else "") + ("dv" if dv else ""): (dk, dv, block_m, stages)
+             for dk, dv, block_m, stages in config.launches(head_dim)}
+    form = form or ("dk" if "dk" in forms else "dkdv")
+    if form not in forms:
+        raise ValueError(f"form must be one of {sorted(forms)} at head_dim {head_dim}, "
+                         f"got {form!r}")
+    form_dk, form_dv, block_m, stages = forms[form]
     torch_dtype = getattr(torch, TORCH_NAMES[dtype])
     example = torch.empty((1, 256, 1, head_dim), dtype=torch_dtype, device="meta")
     kv_type = mangle_type(descriptor(example, "bshd", KEYS_PER_WARPGROUP))
-    q_type = mangle_type(descriptor(example, "bshd", config.block_m))
+    q_type = mangle_type(descriptor(example, "bshd", block_m))
     rows = torch.empty((1, 1, 256), dtype=torch.float32, device="meta")
     row_type = mangle_type(TensorDescriptor(rows, *row_stat_descriptor_parts(rows, 256,
-                                                                             config.block_m)))
+                                                                             block_m)))
     signature = {"k_desc": kv_type, "v_desc": kv_type, "q_desc": q_type, "do_desc": q_type,
                  "lse_desc": row_type, "delta_desc": row_type,
                  "DK": f"*{dtype}", "DV": f"*{dtype}"}
@@ -589,11 +638,8 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
                  "num_kv_blocks"):
         signature[name] = "i32"
     signature.update(qk_scale="fp32", scale="fp32")
-    form = form or ("dk" if head_dim in ONE_GRADIENT_PER_LAUNCH else "dkdv")
-    if form not in ("dk", "dv", "dkdv"):
-        raise ValueError(f"form must be 'dk', 'dv' or 'dkdv', got {form!r}")
-    constants = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages,
-                     IS_CAUSAL=causal, FORM_DK="dk" in form, FORM_DV="dv" in form,
+    constants = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, STAGES=stages, IS_CAUSAL=causal,
+                     FORM_DK=form_dk, FORM_DV=form_dv, PIPELINED=config.pipelined,
                      PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=CONSUMER_REGS,
                      num_warps=CONSUMER_WARPS)
     return compile_sm90(_attn_bwd_dkdv_sm90, signature, constants,
