@@ -80,8 +80,7 @@ def test_configs_outside_the_compiled_space_are_rejected(fields):
 
 
 @pytest.mark.parametrize("config", [Sm90BackwardConfig(32, 3), Sm90BackwardConfig(128, 2, 32),
-                                    Sm90BackwardConfig(32, 2, 24, True, 64, 2),
-                                    Sm90BackwardConfig(32, 3, pipelined=True)])
+                                    Sm90BackwardConfig(32, 2, 24, 64, 2)])
 def test_config_names_round_trip(config):
     assert Sm90BackwardConfig.from_name(config.name()) == config
     with pytest.raises(ValueError, match="config name"):
@@ -211,7 +210,7 @@ def test_d256_forms_one_gradient_per_launch_in_the_registers(json_from_fresh_pyt
     # the larger; the refusal's estimate bounds it, the dV launch has V's 64 KiB less.
     compiled = json_from_fresh_python(
         "import json; from attnlab.kernels.backward_sm90 import *; out = []\n"
-        "for c in (DEFAULT_CONFIGS[256], Sm90BackwardConfig(32, 3)):\n"
+        "for c in (Sm90BackwardConfig(32, 2), Sm90BackwardConfig(32, 3)):\n"
         "    for form in ('dv', 'dk'):\n"
         "        k = compile_for_sm90(256, c, causal=True, form=form)\n"
         "        out.append({**sass_evidence(k.asm), 'shared': k.metadata.shared,\n"
@@ -237,13 +236,12 @@ def test_d256_forms_one_gradient_per_launch_in_the_registers(json_from_fresh_pyt
 def test_d256_plans_the_dv_launch_then_the_dk_launch():
     from attnlab.kernels import backward_sm90
 
-    assert DEFAULT_CONFIGS[256].launches(256) == ((False, True, 32, 2), (True, False, 32, 2))
-    assert DEFAULT_CONFIGS[128].launches(128) == ((True, True, 64, 2),)
     # The dV launch (no V block, no D) has room for 64-row tiles where the dK launch has not.
-    wide_dv = Sm90BackwardConfig(32, 2, dv_block_m=64, dv_stages=2)
-    assert wide_dv.launches(256)[0] == (False, True, 64, 2)
-    assert backward_sm90.shared_memory_bytes(256, wide_dv) \
-        == backward_sm90.shared_memory_bytes(256, DEFAULT_CONFIGS[256])
+    assert DEFAULT_CONFIGS[256].launches(256) == ((False, True, 64, 2), (True, False, 32, 2))
+    assert Sm90BackwardConfig(32, 3).launches(256) == ((False, True, 32, 3), (True, False, 32, 3))
+    assert DEFAULT_CONFIGS[128].launches(128) == ((True, True, 64, 2),)
+    assert backward_sm90.shared_memory_bytes(256, DEFAULT_CONFIGS[256]) \
+        == backward_sm90.shared_memory_bytes(256, Sm90BackwardConfig(32, 2))
     assert refusal(**{**ALLOWED, "head_dim": 256}) is None
     # 64-row tiles leave the dK launch no room for two stages.
     reason = refusal(**{**ALLOWED, "head_dim": 256}, config=Sm90BackwardConfig(64, 2))

@@ -50,7 +50,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -142,22 +141,15 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
 def _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready, empty,
                     offs_n, m_lo, m_hi, ring, diag_offset, qk_scale,
                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-                    FORM_DK: gl.constexpr, PIPELINED: gl.constexpr,
-                    s_layout: gl.constexpr, p_layout: gl.constexpr):
+                    FORM_DK: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
     """``_dkdv_tiles`` for one gradient: dV += P^T dO_j (two MMAs a tile), or
-    dK += dS^T Q_j with dP^T = V dO_j^T issued beside S^T (three).
-
-    PIPELINED leaves tile j's accumulate in flight while tile j + 1's S^T (and dP^T) are
-    issued behind it, so the tensor cores are handed the next tile's work before this
-    warpgroup waits (wgmma groups complete in order: the wait for S^T_{j+1} also
-    completes the accumulate of tile j, and only then is tile j's slot released)."""
+    dK += dS^T Q_j with dP^T = V dO_j^T issued beside S^T (three).  Each tile's
+    accumulate is waited for before the next tile's S^T is issued: leaving it in flight
+    under that S^T measured 4-15% slower (bench/NOTES.md B21)."""
     dtype: gl.constexpr = q_smem.dtype
     KEYS: gl.constexpr = k_wg.shape[0]
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
-    first = ring
-    if PIPELINED:
-        acc = warpgroup_mma_init(acc)  # the loop carries an accumulate in flight
     for start_m in range(m_lo, m_hi, BLOCK_M):
         stage = ring % STAGES
         mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
@@ -167,13 +159,9 @@ def _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, read
         if FORM_DK:
             dp_t = warpgroup_mma(v_wg, do_tile.permute((1, 0)), s_zero, use_acc=False,
                                  is_async=True)
-            s_t, acc, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, acc, k_wg))
+            s_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, k_wg))
         else:
-            s_t, acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s_t, acc, k_wg))
-        if PIPELINED:
-            # The accumulate of the tile before has completed with the wait above.
-            mbarrier.arrive(empty.index((ring + STAGES - 1) % STAGES), count=1,
-                            pred=ring > first)
+            s_t, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s_t, k_wg))
         s_t = s_t * qk_scale
         if MASKED:
             offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
@@ -190,13 +178,9 @@ def _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, read
         else:
             acc = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_tile, acc,
                                 is_async=True)
-        if not PIPELINED:
-            acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, q_tile, do_tile))
-            mbarrier.arrive(empty.index(stage), count=1)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, q_tile, do_tile))
+        mbarrier.arrive(empty.index(stage), count=1)
         ring += 1
-    if PIPELINED:
-        acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, k_wg))
-        mbarrier.arrive(empty.index((ring + STAGES - 1) % STAGES), count=1, pred=ring > first)
     return acc, ring
 
 
@@ -246,7 +230,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, r
               stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
               num_kv_blocks, qk_scale, scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
               STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr,
-              FORM_DV: gl.constexpr, PIPELINED: gl.constexpr):
+              FORM_DV: gl.constexpr):
     """Consumer warpgroup ``WG``: keys [64 WG, 64 WG + 64) of the block, their dK and/or
     dV (``FORM_DK``, ``FORM_DV``)."""
     dtype: gl.constexpr = q_smem.dtype
@@ -293,11 +277,11 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, r
                 acc, ring = _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem,
                                             delta_smem, ready, empty, offs_n, m_lo, m_full,
                                             ring, diag_offset, qk_scale, BLOCK_M, STAGES,
-                                            True, FORM_DK, PIPELINED, s_layout, p_layout)
+                                            True, FORM_DK, s_layout, p_layout)
             acc, ring = _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem,
                                         delta_smem, ready, empty, offs_n, m_full, seqlen_q,
                                         ring, diag_offset, qk_scale, BLOCK_M, STAGES, False,
-                                        FORM_DK, PIPELINED, s_layout, p_layout)
+                                        FORM_DK, s_layout, p_layout)
         if FORM_DK:
             _store_keys(DK, (acc * scale).to(dtype), off_b, off_hk, key0, seqlen_k,
                         stride_dkb, stride_dkh, stride_dkn)
@@ -368,8 +352,7 @@ def _attn_bwd_dkdv_sm90(
     # meta-parameters
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr, FORM_DV: gl.constexpr,
-    PIPELINED: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = DK.dtype.element_ty
     KEYS: gl.constexpr = _KEYS
@@ -403,12 +386,12 @@ def _attn_bwd_dkdv_sm90(
                      empty, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                      stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
                      num_kv_blocks, qk_scale, scale, 0, BLOCK_M, STAGES, IS_CAUSAL,
-                     FORM_DK, FORM_DV, PIPELINED)),
+                     FORM_DK, FORM_DV)),
         (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
                      empty, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
                      stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
                      num_kv_blocks, qk_scale, scale, 1, BLOCK_M, STAGES, IS_CAUSAL,
-                     FORM_DK, FORM_DV, PIPELINED)),
+                     FORM_DK, FORM_DV)),
         (_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
                      q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
                      num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks, BLOCK_M,
@@ -432,9 +415,6 @@ class Sm90BackwardConfig:
     block_m: int
     stages: int
     producer_regs: int = 24
-    # Leave each tile's accumulate in flight under the next tile's S^T (one-gradient
-    # launches, _dk_or_dv_tiles).
-    pipelined: bool = False
     # A one-gradient head dim's dV launch has no V block and no D: room for larger
     # query tiles than the dK launch's.  0: the same tiles as the dK launch.
     dv_block_m: int = 0
@@ -453,21 +433,17 @@ class Sm90BackwardConfig:
         check_producer_regs(self.producer_regs)
 
     def name(self) -> str:
-        """One token for records: sm90bwd[m64,s2,r24], plus ",p" when pipelined and
-        ",v64x2" for the dV launch's own tiles."""
-        flags = ",p" if self.pipelined else ""
-        if self.dv_block_m:
-            flags += f",v{self.dv_block_m}x{self.dv_stages}"
+        """One token for records: sm90bwd[m64,s2,r24], plus ",v64x2" where the dV launch
+        has tiles of its own."""
+        flags = f",v{self.dv_block_m}x{self.dv_stages}" if self.dv_block_m else ""
         return f"sm90bwd[m{self.block_m},s{self.stages},r{self.producer_regs}{flags}]"
 
     @classmethod
     def from_name(cls, name: str) -> Sm90BackwardConfig:
-        match = re.fullmatch(r"sm90bwd\[m(\d+),s(\d+),r(\d+)(,p)?(?:,v(\d+)x(\d+))?\]", name)
+        match = re.fullmatch(r"sm90bwd\[m(\d+),s(\d+),r(\d+)(?:,v(\d+)x(\d+))?\]", name)
         if match is None:
             raise ValueError(f"not an sm90 backward config name: {name!r}")
-        block_m, stages, regs, pipelined, dv_block_m, dv_stages = match.groups()
-        return cls(int(block_m), int(stages), int(regs), pipelined is not None,
-                   int(dv_block_m or 0), int(dv_stages or 0))
+        return cls(*(int(g or 0) for g in match.groups()))
 
     def launches(self, head_dim: int) -> tuple[tuple[bool, bool, int, int], ...]:
         """(FORM_DK, FORM_DV, block_m, stages) of each launch at this head dim: at a
@@ -485,8 +461,9 @@ class Sm90BackwardConfig:
 DEFAULT_CONFIGS = {
     64: Sm90BackwardConfig(block_m=128, stages=2),
     128: Sm90BackwardConfig(block_m=64, stages=2),
-    # The dK launch's K, V blocks (128 KiB) leave room for 32-row Q/dO tiles only.
-    256: Sm90BackwardConfig(block_m=32, stages=2),
+    # The dK launch's K, V blocks (128 KiB) leave room for 32-row Q/dO tiles only; the dV
+    # launch's 64-row tiles measured 1-4% faster (s15 run 4, every bucket).
+    256: Sm90BackwardConfig(block_m=32, stages=2, dv_block_m=64, dv_stages=2),
 }
 
 
@@ -587,8 +564,8 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
                        row_descriptor, row_descriptor)  # LSE·log2 e and D
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, STAGES=stages,
                           IS_CAUSAL=causal, FORM_DK=form_dk, FORM_DV=form_dv,
-                          PIPELINED=config.pipelined, PRODUCER_REGS=config.producer_regs,
-                          CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
+                          PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=CONSUMER_REGS,
+                          num_warps=CONSUMER_WARPS)
         # dK and dV are fresh allocations (16-byte aligned).
         key = (config, causal, form_dk, form_dv, head_dim, q.dtype, q.device,
                tuple(int_class(s) for s in out_strides),
@@ -639,8 +616,7 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
         signature[name] = "i32"
     signature.update(qk_scale="fp32", scale="fp32")
     constants = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, STAGES=stages, IS_CAUSAL=causal,
-                     FORM_DK=form_dk, FORM_DV=form_dv, PIPELINED=config.pipelined,
-                     PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=CONSUMER_REGS,
+                     FORM_DK=form_dk, FORM_DV=form_dv, PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=CONSUMER_REGS,
                      num_warps=CONSUMER_WARPS)
     return compile_sm90(_attn_bwd_dkdv_sm90, signature, constants,
                         ("DK", "DV", *strides), MAXNREG)
