@@ -337,6 +337,11 @@ def grid() -> list[tuple[str, object, dict]]:
              dkdv_sm90="sm90bwd[m64,s2,r24]", expanded_dout=True),
         dict(seqlen_q=257, seqlen_k=257, d=64, dtype=BF16, heads=(2, 2), batch=3,
              dkdv_sm90="sm90bwd[m128,s2,r24]"),
+        # d = 256: the dV launch (its own 64-row tiles) and the dK launch.
+        dict(seqlen_q=203, seqlen_k=113, d=256, dtype=BF16, heads=(6, 2), causal=True,
+             dkdv_sm90="sm90bwd[m32,s2,r24,v64x2]"),
+        dict(seqlen_q=97, seqlen_k=300, d=256, dtype=F16, heads=(4, 1), layout="bhsd",
+             dkdv_sm90="sm90bwd[m32,s3,r24]", expanded_dout=True),
     ]
     cases += [(f"backward_sm90 {describe(c)}", run_backward, c) for c in sm90_backward]
     return cases
