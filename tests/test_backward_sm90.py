@@ -152,6 +152,36 @@ def test_the_dq_kernel_writes_lse_and_d_for_the_gluon_kernel(monkeypatch, layout
 
 
 @built_here
+def test_d256_launches_dv_then_dk_with_each_launch_s_own_tiles(monkeypatch):
+    # Host side of the one-gradient head dim: two launches over the same arguments, the
+    # dV launch first with its 64-row Q/dO/LSE boxes, then the dK launch with 32-row ones.
+    from attnlab.kernels import _sm90 as sm90_host
+    from attnlab.kernels import backward_sm90
+
+    q, k, v = shared_make_qkv(1, 6, 2, 100, 300, 256, torch.bfloat16, layout="bshd", seed=2)
+    dout = torch.randn_like(q)
+    launched = []
+    monkeypatch.setattr(sm90_host, "launch_cached",
+                        lambda cache, key, kernel, grid, args, meta, **kw:
+                        launched.append((grid, args, meta)))
+    planned = backward_sm90.plan_launch(q, k, v, dout, layout="bshd", scale=0.0625,
+                                        causal=True, config=DEFAULT_CONFIGS[256])
+    padded = backward_sm90.padded_seqlen(100)
+    rows = torch.zeros(1, 6, padded)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    planned((k, v, q, dout, rows, rows.clone()), (dk, dv))
+    assert [(m["FORM_DK"], m["FORM_DV"], m["BLOCK_M"]) for _, _, m in launched] \
+        == [(False, True, 64), (True, False, 32)]
+    for (grid, args, meta), block_m in zip(launched, (64, 32), strict=True):
+        assert grid == (3 * 1 * 2,)  # 128-key blocks x batch x KV heads
+        k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc = args[:6]
+        assert k_desc.block_shape == v_desc.block_shape == [1, 1, 64, 256]
+        assert q_desc.block_shape == do_desc.block_shape == [1, 1, block_m, 256]
+        assert lse_desc.block_shape == delta_desc.block_shape == [1, 1, block_m]
+        assert args[6] is dk and args[7] is dv
+
+
+@built_here
 def test_a_planned_descriptor_is_the_checked_one_over_the_new_tensor():
     from attnlab.kernels._sm90 import PlannedDescriptor, descriptor, descriptor_parts
 
