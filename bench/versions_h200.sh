@@ -5,8 +5,13 @@
 # $OUT/results.tar.gz; every record's env names the Triton it ran on, and each stage's
 # stdout starts with it).
 #
-#   usage, on the H200 from the repo root:  bash bench/versions_h200.sh 3.9.0 tests
+#   usage, on the H200 from the repo root:  bash bench/versions_h200.sh 3.9.0 tests [1/2|2/2]
 #                                            bash bench/versions_h200.sh 3.9.0 tables
+#
+# The suite takes ~380 s in 8 processes on a fresh machine (session 15 run 1: 63% in
+# 240 s), more than one call holds with the other stages: "tests 1/2" and "tests 2/2"
+# run alternate test files in two calls (the every-head-dim grid with the first, the
+# tests past 2^31 with the second).
 #
 # The machine's own Triton (3.6.0, beside its torch 2.11) runs as installed.  Another is
 # installed beside it into /tmp/tritons/VERSION from .whl/triton-VERSION-*.whl, or from
@@ -20,7 +25,9 @@
 set -euo pipefail
 version=${1:?usage: bash bench/versions_h200.sh TRITON_VERSION tests|tables}
 part=${2:?usage: bash bench/versions_h200.sh TRITON_VERSION tests|tables}
+shard=${3:-}
 [[ $part == tests || $part == tables ]] || { echo "the second argument is tests or tables, got $part"; exit 2; }
+[[ -z $shard || $shard == 1/2 || $shard == 2/2 ]] || { echo "the shard is 1/2 or 2/2, got $shard"; exit 2; }
 cd "$(dirname "$0")/.."
 own=$(python3 -c "import triton; print(triton.__version__)")
 path=src skip="" providers=sdpa_cudnn,sdpa_flash,flex,attnlab,attnlab_deterministic
@@ -48,11 +55,22 @@ tag=triton-$version
 # free), and the every-head-dim grid, which spawns its own 15 processes, last; each
 # stage's output goes straight to its stdout.txt, so a stage cut by its limit still
 # shows what passed.
-if [[ $part == tests ]]; then
-    bash bench/gpu_run.sh \
-        "$tag-gpu-tests:240:$which $run -m pytest -q -m gpu -p no:cacheprovider -n 8 -rfE -k '${skip:+not compile and }not 2_31 and not every_head_dim' tests" \
-        "$tag-gpu-big:80:$which $run -m pytest -q -m gpu -p no:cacheprovider -rfE -k '${skip:+not compile and }2_31' tests" \
-        "$tag-gpu-grid:150:$which $run -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_backward.py::test_gpu_gradient_grid_every_head_dim"
+suite="$which $run -m pytest -q -m gpu -p no:cacheprovider -n 8 -rfE -k '${skip:+not compile and }not 2_31 and not every_head_dim'"
+big="$tag-gpu-big:80:$which $run -m pytest -q -m gpu -p no:cacheprovider -rfE -k '${skip:+not compile and }2_31' tests"
+grid="$tag-gpu-grid:150:$which $run -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_backward.py::test_gpu_gradient_grid_every_head_dim"
+if [[ $part == tests && -n $shard ]]; then
+    files=(tests/test_*.py)
+    half=()
+    for i in "${!files[@]}"; do
+        (( i % 2 == ${shard%/2} - 1 )) && half+=("${files[$i]}")
+    done
+    if [[ $shard == 1/2 ]]; then
+        bash bench/gpu_run.sh "$tag-gpu-tests-1of2:330:$suite ${half[*]}" "$grid"
+    else
+        bash bench/gpu_run.sh "$tag-gpu-tests-2of2:330:$suite ${half[*]}" "$big"
+    fi
+elif [[ $part == tests ]]; then
+    bash bench/gpu_run.sh "$tag-gpu-tests:240:$suite tests" "$big" "$grid"
 else
     bash bench/gpu_run.sh \
         "$tag-forward:150:$which $run bench/forward_h200.py --out \$STAGE_OUT --phases bench --groups d128,gqa_d256 --bench-budget 120" \
