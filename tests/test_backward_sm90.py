@@ -172,7 +172,7 @@ def test_d256_launches_dv_then_dk_with_each_launch_s_own_tiles(monkeypatch):
     planned((k, v, q, dout, rows, rows.clone()), (dk, dv))
     assert [(m["FORM_DK"], m["FORM_DV"], m["BLOCK_M"]) for _, _, m in launched] \
         == [(False, True, 64), (True, False, 32)]
-    for (grid, args, meta), block_m in zip(launched, (64, 32), strict=True):
+    for (grid, args, _), block_m in zip(launched, (64, 32), strict=True):
         assert grid == (3 * 1 * 2,)  # 128-key blocks x batch x KV heads
         k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc = args[:6]
         assert k_desc.block_shape == v_desc.block_shape == [1, 1, 64, 256]

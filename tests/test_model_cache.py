@@ -315,9 +315,16 @@ BACKWARD_NCU = Path(__file__).parents[1] / "bench" / "results" / "ncu" / "backwa
 
 
 def test_a_fwd_bwd_case_pairs_the_forward_and_both_backward_kernels():
+    from attnlab.kernels.dispatch import DKDV_SM90, table_override
     from attnlab.measure.compare import compare_cases
 
-    comparisons = {c.shape.head_dim: c for c in compare_cases(ncu.parse_csv(BACKWARD_NCU))}
+    # Measured (session 12 run 3) before the Gluon kernel took d = 256: its d = 256 dK and
+    # dV came from the Triton kernel's two programs.  The model of that path is the one
+    # without the table's d = 256 entries.
+    table = {key: config for key, config in DKDV_SM90.table().items() if key[0] != 256}
+    with table_override(DKDV_SM90, table):
+        comparisons = {c.shape.head_dim: c
+                       for c in compare_cases(ncu.parse_csv(BACKWARD_NCU))}
     assert sorted(comparisons) == [128, 256]
     for comparison in comparisons.values():
         assert comparison.kernels_match and not comparison.unmodelled
@@ -330,3 +337,34 @@ def test_a_fwd_bwd_case_pairs_the_forward_and_both_backward_kernels():
     assert "separate programs" in dkdv.predicted.label
     with pytest.raises(ValueError, match="covers provider 'attnlab' only"):
         compare_case("sdpa_cudnn", comparisons[128].shape, [], phase=ncu.FWDBWD_PHASE)
+
+
+def test_the_gluon_d256_backward_is_predicted_as_its_two_launches():
+    # The Gluon kernel at d = 256 (backward_sm90.ONE_GRADIENT_PER_LAUNCH): the dV launch
+    # (K; the group's Q, dO, LSE; writes dV), then the dK launch (K, V; Q, dO, LSE, D;
+    # writes dK), each a kernel of its own that ncu lists, in that order.
+    from attnlab.kernels.backward_sm90 import Sm90BackwardConfig
+    from attnlab.kernels.dispatch import DKDV_SM90, table_override
+    from attnlab.measure.compare import attnlab_backward_plan, predict_backward
+
+    shape = AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=4096, seqlen_k=4096,
+                           head_dim=256, dtype="bf16", causal=True)
+    config = Sm90BackwardConfig(32, 2, dv_block_m=64, dv_stages=2)
+    with table_override(DKDV_SM90, {(256, True, 4096): config}):
+        plan = attnlab_backward_plan(shape)
+        dq, dv, dk = predict_backward(shape)
+        names = ["_attn_fwd_sm90", "_attn_bwd_dq", "_attn_bwd_dkdv_sm90", "_attn_bwd_dkdv_sm90"]
+        measured = [parsed_kernel(i, name, 1e8, 1e7) for i, name in enumerate(names)]
+        case = compare_case("attnlab", shape, measured, phase=ncu.FWDBWD_PHASE)
+    assert (plan["dkdv_tiles"], plan["dv_tiles"]) == ((32, 128), (64, 128))
+    assert (dq.role, dv.role, dk.role) == ("backward_dq", "backward_dkdv", "backward_dkdv")
+    assert "dV launch" in dv.label and "dK launch" in dk.label
+    kv = 4 * 4096 * 256 * 2  # one of K, V: once per KV head
+    rows = 24 * 4096  # causal: every query row sees a key
+    assert dv.written_bytes == dk.written_bytes == kv
+    # The dV launch reads K once and the group's Q, dO, LSE; the dK launch K, V once and
+    # Q, dO, LSE, D (each at least once: more when they do not stay in L2).
+    assert dv.read_bytes >= kv + rows * (2 * 256 * 2 + 4)
+    assert dk.read_bytes >= 2 * kv + rows * (2 * 256 * 2 + 8)
+    assert case.kernels_match and not case.unmodelled
+    assert [p.predicted.label for p in case.pairs][2:] == [dv.label, dk.label]

@@ -410,8 +410,31 @@ def test_split_dkdv_programs_stream_the_query_rows_twice_and_form_s_twice():
                                "dO": 2 * q_rows * ROW, "LSE": 2 * q_rows * 4, "D": q_rows * 4}
     assert dict(two.writes) == dict(one.writes)
     assert two.flops * 8 == one.flops * 10
-    with pytest.raises(ValueError, match="dkdv_split is the Triton dK/dV kernel's"):
-        traffic.backward_traffic(CAUSAL, variant="attnlab-sm90", dkdv_split=True)
+    with pytest.raises(ValueError, match="dkdv_split is attnlab's"):
+        traffic.backward_traffic(CAUSAL, variant="two-pass", dkdv_split=True)
+    with pytest.raises(ValueError, match="dv_tiles are the Gluon kernel's"):
+        traffic.backward_traffic(CAUSAL, variant="attnlab", dkdv_split=True, dv_tiles=(64, 128))
+
+
+def test_the_gluon_one_gradient_launches_by_hand():
+    # backward_sm90 at d = 256: the dV launch (64-row tiles: K, Q, dO, LSE -> dV, two
+    # products a tile pair), then the dK launch (32-row tiles: K, V, Q, dO, LSE, D -> dK,
+    # three).  SMALL causal with 128-key blocks: keys 0-127 are seen by rows 0-255, keys
+    # 128-255 by rows 128-255: 384 query rows at either tile height.
+    shape = SMALL.replace(causal=True)
+    t = traffic.backward_traffic(shape, variant="attnlab-sm90", dq_tiles=(128, 64),
+                                 dkdv_tiles=(32, 128), dkdv_split=True, dv_tiles=(64, 128))
+    dq, dv, dk = t.kernels
+    act, rows = 256 * SMALL_ROW, 384
+    assert dict(dv.reads) == {"K": act, "Q": rows * SMALL_ROW, "dO": rows * SMALL_ROW,
+                              "LSE (log2)": rows * 4}
+    assert dict(dv.writes) == {"dV": act}
+    assert dict(dk.reads) == {"K": act, "V": act, "Q": rows * SMALL_ROW,
+                              "dO": rows * SMALL_ROW, "LSE (log2)": rows * 4, "D": rows * 4}
+    assert dict(dk.writes) == {"dK": act}
+    one = traffic.backward_traffic(shape, variant="attnlab-sm90", dq_tiles=(128, 64),
+                                   dkdv_tiles=(32, 128)).kernels[1]
+    assert dv.flops + dk.flops == one.flops * 10 // 8
 
 
 def test_attnlab_backward_reads_kv_once_per_kv_head_and_adds_no_reduction():

@@ -93,59 +93,14 @@ MAXNREG = launch_maxnreg(2 * CONSUMER_WARPS)
 def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready, empty,
                 offs_n, m_lo, m_hi, ring, diag_offset, qk_scale,
                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
+                FORM_DK: gl.constexpr, FORM_DV: gl.constexpr,
                 s_layout: gl.constexpr, p_layout: gl.constexpr):
-    """Add the query tiles [m_lo, m_hi) of one query head to this warpgroup's dK, dV.
+    """Add the query tiles [m_lo, m_hi) of one query head to this warpgroup's dK and/or
+    dV (the one not formed is passed through untouched).
 
-    ``ring`` counts the tiles this program consumed before (the slot and its phase)."""
-    dtype: gl.constexpr = q_smem.dtype
-    KEYS: gl.constexpr = k_wg.shape[0]
-    row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
-    for start_m in range(m_lo, m_hi, BLOCK_M):
-        stage = ring % STAGES
-        mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
-        q_tile = q_smem.index(stage)
-        do_tile = do_smem.index(stage)
-        s_t = warpgroup_mma(k_wg, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        dp_t = warpgroup_mma(v_wg, do_tile.permute((1, 0)), s_zero, use_acc=False,
-                             is_async=True)
-        s_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, k_wg))
-        s_t = s_t * qk_scale
-        if MASKED:
-            offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
-            visible = (gl.expand_dims(offs_n, 1) <= gl.expand_dims(offs_m, 0) + diag_offset)
-            s_t = gl.where(visible, s_t, float("-inf"))
-        # LSE in log2 units, +inf where a row sees no key or is padding (P = 0, not NaN).
-        # LSE and D are read from shared memory where they are needed, not held from the
-        # top of the tile: those replicated registers made 64-row tiles spill.  (A global
-        # load of D here cost 9%, session 5 run 2; a shared one's latency is far shorter.)
-        lse_log2 = lse_smem.index(stage).load(row_layout)
-        p_t = gl.exp2(s_t - gl.expand_dims(lse_log2, 0))
-        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_tile, dv,
-                           is_async=True)
-        dp_t, _ = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, v_wg))
-        delta = delta_smem.index(stage).load(row_layout)
-        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-        # Unlike kernels/backward.py, hidden keys' dS is not zeroed here: the select costs
-        # the dK/dV kernel 10-193 spilled registers on Triton 3.6.0 (compile test), so a
-        # NaN row (D = NaN) can also reach the dK of keys it never saw (docs/reliability.md).
-        dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, dk,
-                           is_async=True)
-        dv, dk, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, q_tile, do_tile))
-        mbarrier.arrive(empty.index(stage), count=1)
-        ring += 1
-    return dk, dv, ring
-
-
-@gluon.jit
-def _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready, empty,
-                    offs_n, m_lo, m_hi, ring, diag_offset, qk_scale,
-                    BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-                    FORM_DK: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
-    """``_dkdv_tiles`` for one gradient: dV += P^T dO_j (two MMAs a tile), or
-    dK += dS^T Q_j with dP^T = V dO_j^T issued beside S^T (three).  Each tile's
-    accumulate is waited for before the next tile's S^T is issued: leaving it in flight
-    under that S^T measured 4-15% slower (bench/NOTES.md B21)."""
+    ``ring`` counts the tiles this program consumed before (the slot and its phase).
+    Each tile's accumulates are waited for before the next tile's S^T is issued: leaving
+    them in flight under it measured 4-15% slower at d = 256 (bench/NOTES.md B21)."""
     dtype: gl.constexpr = q_smem.dtype
     KEYS: gl.constexpr = k_wg.shape[0]
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -167,21 +122,37 @@ def _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, read
             offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
             visible = (gl.expand_dims(offs_n, 1) <= gl.expand_dims(offs_m, 0) + diag_offset)
             s_t = gl.where(visible, s_t, float("-inf"))
+        # LSE in log2 units, +inf where a row sees no key or is padding (P = 0, not NaN).
+        # LSE and D are read from shared memory where they are needed, not held from the
+        # top of the tile: those replicated registers made 64-row tiles spill.  (A global
+        # load of D here cost 9%, session 5 run 2; a shared one's latency is far shorter.)
         lse_log2 = lse_smem.index(stage).load(row_layout)
         p_t = gl.exp2(s_t - gl.expand_dims(lse_log2, 0))
+        if FORM_DV:
+            dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_tile, dv,
+                               is_async=True)
         if FORM_DK:
-            dp_t, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dp_t, v_wg))
+            # dV (where formed) runs on under dS.
+            dp_t, _ = warpgroup_mma_wait(num_outstanding=1 if FORM_DV else 0,
+                                         deps=(dp_t, v_wg))
             delta = delta_smem.index(stage).load(row_layout)
             ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-            acc = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, acc,
-                                is_async=True)
+            # Unlike kernels/backward.py, hidden keys' dS is not zeroed here: the select
+            # costs the kernel 10-193 spilled registers on Triton 3.6.0 (compile test), so
+            # a NaN row (D = NaN) can also reach the dK of keys it never saw
+            # (docs/reliability.md).
+            dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, dk,
+                               is_async=True)
+        if FORM_DK and FORM_DV:
+            dv, dk, _, _ = warpgroup_mma_wait(num_outstanding=0,
+                                              deps=(dv, dk, q_tile, do_tile))
+        elif FORM_DK:
+            dk, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dk, q_tile, do_tile))
         else:
-            acc = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_tile, acc,
-                                is_async=True)
-        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, q_tile, do_tile))
+            dv, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dv, q_tile, do_tile))
         mbarrier.arrive(empty.index(stage), count=1)
         ring += 1
-    return acc, ring
+    return dk, dv, ring
 
 
 @gluon.jit
@@ -252,42 +223,27 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, r
     v_wg = v_smem.index(WG)
     mbarrier.wait(kv_ready, 0)
     ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
-    if FORM_DK and FORM_DV:
-        dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
-        dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
-        # The group's query heads come in the producer's order; the ring carries them.
-        for _group_head in range(group_size):
-            if IS_CAUSAL:
-                dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem,
-                                           delta_smem, ready, empty, offs_n, m_lo, m_full,
-                                           ring, diag_offset, qk_scale, BLOCK_M, STAGES, True,
-                                           s_layout, p_layout)
+    # One accumulator per gradient formed; the other name is a pass-through the
+    # compiler drops (a one-gradient launch holds 128 registers of accumulator, not 256).
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+    # The group's query heads come in the producer's order; the ring carries them.
+    for _group_head in range(group_size):
+        if IS_CAUSAL:
             dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem,
-                                       delta_smem, ready, empty, offs_n, m_full, seqlen_q,
-                                       ring, diag_offset, qk_scale, BLOCK_M, STAGES, False,
-                                       s_layout, p_layout)
+                                       delta_smem, ready, empty, offs_n, m_lo, m_full, ring,
+                                       diag_offset, qk_scale, BLOCK_M, STAGES, True, FORM_DK,
+                                       FORM_DV, s_layout, p_layout)
+        dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem,
+                                   ready, empty, offs_n, m_full, seqlen_q, ring, diag_offset,
+                                   qk_scale, BLOCK_M, STAGES, False, FORM_DK, FORM_DV,
+                                   s_layout, p_layout)
+    if FORM_DK:
         _store_keys(DK, (dk * scale).to(dtype), off_b, off_hk, key0, seqlen_k, stride_dkb,
                     stride_dkh, stride_dkn)
+    if FORM_DV:
         _store_keys(DV, dv.to(dtype), off_b, off_hk, key0, seqlen_k, stride_dvb, stride_dvh,
                     stride_dvn)
-    else:
-        acc = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
-        for _group_head in range(group_size):
-            if IS_CAUSAL:
-                acc, ring = _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem,
-                                            delta_smem, ready, empty, offs_n, m_lo, m_full,
-                                            ring, diag_offset, qk_scale, BLOCK_M, STAGES,
-                                            True, FORM_DK, s_layout, p_layout)
-            acc, ring = _dk_or_dv_tiles(acc, k_wg, v_wg, q_smem, do_smem, lse_smem,
-                                        delta_smem, ready, empty, offs_n, m_full, seqlen_q,
-                                        ring, diag_offset, qk_scale, BLOCK_M, STAGES, False,
-                                        FORM_DK, s_layout, p_layout)
-        if FORM_DK:
-            _store_keys(DK, (acc * scale).to(dtype), off_b, off_hk, key0, seqlen_k,
-                        stride_dkb, stride_dkh, stride_dkn)
-        else:
-            _store_keys(DV, acc.to(dtype), off_b, off_hk, key0, seqlen_k, stride_dvb,
-                        stride_dvh, stride_dvn)
 
 
 @gluon.jit
@@ -467,16 +423,20 @@ DEFAULT_CONFIGS = {
 }
 
 
-def shared_memory_bytes(head_dim: int, config: Sm90BackwardConfig, itemsize: int = 2) -> int:
+def launch_shared_memory_bytes(head_dim: int, form_dk: bool, block_m: int, stages: int,
+                               itemsize: int = 2) -> int:
     """The K (and V) block + the Q/dO ring + the fp32 LSE (and D) ring + barriers and
-    slack: what one CTA allocates, in the largest of the config's launches."""
-    largest = 0
-    for form_dk, _, block_m, stages in config.launches(head_dim):
-        blocks = (2 if form_dk else 1) * BLOCK_N * head_dim
-        tiles = blocks + 2 * stages * block_m * head_dim
-        rows = (2 if form_dk else 1) * stages * block_m * 4
-        largest = max(largest, tiles * itemsize + rows + 8 * (1 + 2 * stages) + 512)
-    return largest
+    slack: what one CTA of one launch allocates (V and D only where it forms dK)."""
+    blocks = (2 if form_dk else 1) * BLOCK_N * head_dim
+    tiles = blocks + 2 * stages * block_m * head_dim
+    rows = (2 if form_dk else 1) * stages * block_m * 4
+    return tiles * itemsize + rows + 8 * (1 + 2 * stages) + 512
+
+
+def shared_memory_bytes(head_dim: int, config: Sm90BackwardConfig, itemsize: int = 2) -> int:
+    """What one CTA allocates in the largest of the config's launches."""
+    return max(launch_shared_memory_bytes(head_dim, form_dk, block_m, stages, itemsize)
+               for form_dk, _, block_m, stages in config.launches(head_dim))
 
 
 def padded_seqlen(seqlen_q: int) -> int:

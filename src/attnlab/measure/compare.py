@@ -38,6 +38,10 @@ _ROLE_PATTERNS = (
 )
 
 
+# Roles whose kernels run whole, however large the call: never merged as chunks.
+_NEVER_CHUNKED = frozenset({"backward_dkdv", "backward_dq", "split_kv", "combine"})
+
+
 # The decode API's providers and the cache each stores, as the byte model takes it
 # (measure.providers: attnlab_decode_fp8 quantises per (batch, KV head); the paged one
 # holds the same rows in 16-token pages).
@@ -123,10 +127,23 @@ def attnlab_backward_plan(shape: AttentionShape) -> dict:
     dq_tiles = (config.dq_block_m, config.dq_block_n)
     dq = tiling(*dq_tiles, config.num_warps, (2 * config.dq_block_m + 2 * config.num_stages
                                               * config.dq_block_n) * d_pad * b)
+    dv_tiles = dv = None
     if sm90 is not None:
-        dkdv_tiles = (sm90.block_m, backward_sm90.BLOCK_N)
-        dkdv = tiling(*dkdv_tiles, 3 * backward_sm90.CONSUMER_WARPS,
-                      backward_sm90.shared_memory_bytes(shape.head_dim, sm90, b))
+        # Per launch (form_dk, form_dv, block_m, stages); the dK/dV launch, or at d = 256
+        # the dV launch then the dK launch, each with its own tiles.
+        launches = {dk: (block_m, stages) for dk, _, block_m, stages
+                    in sm90.launches(shape.head_dim)}
+
+        def gluon_tiling(form_dk):
+            block_m, stages = launches[form_dk]
+            return (block_m, backward_sm90.BLOCK_N), tiling(
+                block_m, backward_sm90.BLOCK_N, 3 * backward_sm90.CONSUMER_WARPS,
+                backward_sm90.launch_shared_memory_bytes(shape.head_dim, form_dk, block_m,
+                                                         stages, b))
+
+        dkdv_tiles, dkdv = gluon_tiling(True)
+        if False in launches:
+            dv_tiles, dv = gluon_tiling(False)
     else:
         dkdv_tiles = (config.dkdv_block_m, config.dkdv_block_n)
         dkdv = tiling(*dkdv_tiles, config.num_warps,
@@ -134,22 +151,27 @@ def attnlab_backward_plan(shape: AttentionShape) -> dict:
                       * d_pad * b)
     return {"variant": "attnlab-sm90" if sm90 is not None else "attnlab",
             "dq_tiles": dq_tiles, "dkdv_tiles": dkdv_tiles, "dq": dq, "dkdv": dkdv,
+            "dv_tiles": dv_tiles, "dv": dv,
             "config": config.as_dict(), "sm90": None if sm90 is None else sm90.name()}
 
 
 def predict_backward(shape: AttentionShape, hw: cache_model.CacheHardware = cache_model.H200
                      ) -> list[cache_model.PredictedKernel]:
-    """The cache model's two attnlab backward kernels (dQ, dK/dV) for ``shape``."""
+    """The cache model's attnlab backward kernels for ``shape``: dQ, then dK/dV (or, for
+    the Gluon kernel at d = 256, its dV launch and its dK launch)."""
     plan = attnlab_backward_plan(shape)
     return cache_model.predict_attnlab_backward(
         shape, hw, dq=plan["dq"], dkdv=plan["dkdv"], lse_log2=plan["variant"] == "attnlab-sm90",
-        dkdv_split=_split_dkdv(plan))
+        dkdv_split=_split_dkdv(plan), dv=plan["dv"])
 
 
 def _split_dkdv(plan: dict) -> bool:
-    """Whether the plan's dK/dV runs as two programs per key block (the Triton kernel's
-    ``BackwardConfig.dkdv_split``; the Gluon kernel has no such form)."""
-    return plan["sm90"] is None and plan["config"]["dkdv_split"]
+    """Whether the plan forms dK and dV apart: two programs per key block (the Triton
+    kernel's ``BackwardConfig.dkdv_split``) or two Gluon launches (its dV launch's tiles
+    in the plan's ``dv_tiles``)."""
+    if plan["sm90"] is not None:
+        return plan["dv_tiles"] is not None
+    return plan["config"]["dkdv_split"]
 
 
 def logical_backward(shape: AttentionShape):
@@ -159,7 +181,7 @@ def logical_backward(shape: AttentionShape):
     plan = attnlab_backward_plan(shape)
     return traffic.backward_traffic(shape, variant=plan["variant"], scope="layer",
                                     dq_tiles=plan["dq_tiles"], dkdv_tiles=plan["dkdv_tiles"],
-                                    dkdv_split=_split_dkdv(plan))
+                                    dkdv_split=_split_dkdv(plan), dv_tiles=plan["dv_tiles"])
 
 
 def predicted_kernel_count(provider: str, shape: AttentionShape) -> int | None:
@@ -311,11 +333,14 @@ def merge_chunked_launches(kernels: Sequence[NcuKernel]) -> list[NcuKernel]:
     An elementwise pass over more than 2^31 elements (eager's scale of a 16 GiB score
     matrix) runs as several launches of one kernel, one per 32-bit-indexable chunk; the
     model counts the pass once, so the chunks' bytes and times are added up.
+    Attention kernels are never chunked (attnlab's offsets are 64-bit): back-to-back
+    launches of one (the Gluon dK/dV kernel's dV and dK launches at d = 256) stay apart.
     """
     merged: list[NcuKernel] = []
     for kernel in kernels:
         last = merged[-1] if merged else None
-        if last is not None and last.name == kernel.name and not is_gemm(kernel.name):
+        if (last is not None and last.name == kernel.name and not is_gemm(kernel.name)
+                and kernel_role(kernel.name) not in _NEVER_CHUNKED):
             metrics = dict(last.metrics)
             for metric in _SUMMED_METRICS:
                 if metric in last.metrics and metric in kernel.metrics:

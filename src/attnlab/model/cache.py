@@ -416,8 +416,8 @@ def _visible_query_rows(shape: AttentionShape) -> int:
 
 def predict_attnlab_backward(shape: AttentionShape, hw: CacheHardware = H200, *,
                              dq: FusedTiling, dkdv: FusedTiling,
-                             lse_log2: bool = False, dkdv_split: bool = False
-                             ) -> list[PredictedKernel]:
+                             lse_log2: bool = False, dkdv_split: bool = False,
+                             dv: FusedTiling | None = None) -> list[PredictedKernel]:
     """attnlab's two backward launches (``kernels/backward.py``), in launch order.
 
     dQ (grid: query tiles x batch x heads, ``dq.block_m`` rows each): Q, dO, O and LSE of
@@ -432,7 +432,11 @@ def predict_attnlab_backward(shape: AttentionShape, hw: CacheHardware = H200, *,
     LSE, D): the key blocks of a KV head make twice the CTAs, and the rows are counted
     once per program -- the two walk the query tiles at different speeds (2 against 3
     MMAs a tile), so the model assumes no sharing between them (Nsight Compute, d = 256
-    4k causal: 255.7 MB measured, 234.1 predicted, 131.3 with one stream).  The tilings come from the caller
+    4k causal: 255.7 MB measured, 234.1 predicted, 131.3 with one stream).  ``dv`` (the
+    Gluon kernel at d = 256, ``backward_sm90.ONE_GRADIENT_PER_LAUNCH``) makes them two
+    launches instead, each its own kernel with its own tiling: the dV launch (K; the
+    group's Q, dO, LSE; writes dV), then the dK launch (``dkdv``: K, V; Q, dO, LSE, D;
+    writes dK).  The tilings come from the caller
     (:func:`attnlab.measure.compare.predict_backward` reads the kernels' tables)."""
     s = _check(shape)
     b, d = s.element_bytes, s.head_dim
@@ -453,12 +457,14 @@ def predict_attnlab_backward(shape: AttentionShape, hw: CacheHardware = H200, *,
     kv_blocks = -(-s.seqlen_k // dkdv.block_n)
     group_rows = s.group_size * _visible_query_rows(s)
     q_per_kv_head = group_rows * (2 * d * b + 2 * STATS_BYTES)
+    kv = s.batch * s.kv_heads * s.seqlen_k * d * b
+    if dv is not None:
+        return [dq_kernel, *_gluon_one_gradient_launches(s, hw, dkdv, dv, group_rows, kv)]
     if dkdv_split:
         kv_blocks *= 2
         q_per_kv_head += group_rows * (2 * d * b + STATS_BYTES)
     dkdv_resident = hw.sm_count * dkdv.launch.ctas_per_sm(hw)
     dkdv_passes = kv_dram_passes(kv_blocks, dkdv_resident, q_per_kv_head, hw)
-    kv = s.batch * s.kv_heads * s.seqlen_k * d * b
     dkdv_kernel = _kernel(
         "backward_dkdv", f"attnlab dK/dV ({dkdv.block_n} keys x {dkdv.block_m} rows"
                          f"{'; dK and dV by separate programs' if dkdv_split else ''})",
@@ -467,6 +473,32 @@ def predict_attnlab_backward(shape: AttentionShape, hw: CacheHardware = H200, *,
         notes=(f"Q, dO, LSE, D read from DRAM {dkdv_passes}x per KV head ({kv_blocks} CTAs "
                f"share them, {dkdv_resident} resident)", "dK, dV once per KV head"))
     return [dq_kernel, dkdv_kernel]
+
+
+def _gluon_one_gradient_launches(s: AttentionShape, hw: CacheHardware, dk: FusedTiling,
+                                 dv: FusedTiling, group_rows: int, kv: int
+                                 ) -> list[PredictedKernel]:
+    """predict_attnlab_backward's two Gluon launches at a one-gradient head dim (see
+    there): per launch, its key blocks share the group's rows as the one-launch kernel's
+    do (re-read once per wave when they do not fit), K (and V) read and dV (dK) written
+    once per KV head; ``kv`` is one of K, V's bytes."""
+    b, d = s.element_bytes, s.head_dim
+    kernels = []
+    for name, tiling, rows_bytes, reads, grad in (
+            ("dV", dv, group_rows * (2 * d * b + STATS_BYTES), kv, "dV"),
+            ("dK", dk, group_rows * (2 * d * b + 2 * STATS_BYTES), 2 * kv, "dK")):
+        blocks = -(-s.seqlen_k // tiling.block_n)
+        resident = hw.sm_count * tiling.launch.ctas_per_sm(hw)
+        passes = kv_dram_passes(blocks, resident, rows_bytes, hw)
+        kernels.append(_kernel(
+            "backward_dkdv", f"attnlab {name} launch (Gluon, {tiling.block_n} keys x "
+                             f"{tiling.block_m} rows)",
+            unshared_reads=reads, shared_reads=s.batch * s.kv_heads * rows_bytes * passes,
+            written=kv, hw=hw,
+            notes=(f"Q, dO, LSE{', D' if name == 'dK' else ''} read from DRAM {passes}x per "
+                   f"KV head ({blocks} CTAs share them, {resident} resident)",
+                   f"{grad} once per KV head")))
+    return kernels
 
 
 def predict_attnlab_decode(shape: AttentionShape, num_splits: int,

@@ -416,7 +416,8 @@ BACKWARD_VARIANTS = ("two-pass", "atomic-dq", "attnlab", "attnlab-sm90")
 def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope: str = "head",
                      layers: int | None = None, dq_tiles: tuple[int, int] | None = None,
                      dkdv_tiles: tuple[int, int] | None = None,
-                     dkdv_split: bool = False) -> Traffic:
+                     dkdv_split: bool = False,
+                     dv_tiles: tuple[int, int] | None = None) -> Traffic:
     """FlashAttention-2 backward with recomputation: S and P rebuilt from Q, K and the LSE.
 
     Always a preprocess kernel D = rowsum(dO * O) (FP32 per query row).  Then
@@ -439,16 +440,23 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     ``dkdv_tiles`` (``dkdv_block_m/n``, or the Gluon kernel's ``block_m`` and 128 keys);
     by default the shape's ``block_m``/``block_n`` (the model does not import the kernels'
     tables: :func:`attnlab.measure.compare.attnlab_backward_tiles` reads them).
-    ``dkdv_split`` (``BackwardConfig.dkdv_split``, ``"attnlab"`` only): two programs per
-    key block, one forming dV (reads Q, dO, LSE; computes S and P^T dO), one dK (Q, dO,
-    LSE, D; S, dP and dS^T Q), so the query rows travel twice and S is formed twice.
+    ``dkdv_split``: dK and dV formed apart, so the query rows travel twice and S is
+    formed twice: one forming dV (reads Q, dO, LSE; computes S and P^T dO), one dK (Q,
+    dO, LSE, D; S, dP and dS^T Q).  With ``"attnlab"`` (``BackwardConfig.dkdv_split``)
+    they are two programs per key block of one launch, which reads K and V once; with
+    ``"attnlab-sm90"`` (the Gluon kernel at d = 256, ``backward_sm90.ONE_GRADIENT_PER_LAUNCH``)
+    two launches, the dV launch (``dv_tiles``, default ``dkdv_tiles``; it reads K, not V)
+    then the dK launch (``dkdv_tiles``; K and V).
     """
     check_shape(shape)
     if variant not in BACKWARD_VARIANTS:
         raise ValueError(f"variant must be one of {list(BACKWARD_VARIANTS)}, got {variant!r}")
-    if dkdv_split and variant != "attnlab":
-        raise ValueError(f"dkdv_split is the Triton dK/dV kernel's (variant 'attnlab'), got "
-                         f"variant {variant!r}")
+    if dkdv_split and not variant.startswith("attnlab"):
+        raise ValueError(f"dkdv_split is attnlab's dK/dV kernels' (variant 'attnlab' or "
+                         f"'attnlab-sm90'), got variant {variant!r}")
+    if dv_tiles is not None and not (dkdv_split and variant == "attnlab-sm90"):
+        raise ValueError("dv_tiles are the Gluon kernel's dV launch's (variant "
+                         "'attnlab-sm90' with dkdv_split=True)")
     if not variant.startswith("attnlab") and (dq_tiles, dkdv_tiles) != (None, None):
         raise ValueError(f"dq_tiles/dkdv_tiles are attnlab's kernels' tiles; variant "
                          f"{variant!r} has B_r x B_c in both passes (the shape's)")
@@ -466,9 +474,10 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     stats = heads * s.seqlen_q * STATS_BYTES
     if variant.startswith("attnlab"):
         default = (s.block_m, s.block_n)
+        dkdv_tiles = _tiles(dkdv_tiles or default, "dkdv_tiles")
         return _attnlab_backward(sc, shape, variant, _tiles(dq_tiles or default, "dq_tiles"),
-                                 _tiles(dkdv_tiles or default, "dkdv_tiles"), pairs,
-                                 bool(dkdv_split))
+                                 dkdv_tiles, pairs, bool(dkdv_split),
+                                 _tiles(dv_tiles or dkdv_tiles, "dv_tiles"))
     stages = [sc.kernel("backward preprocess D = rowsum(dO * O)", {"O": qo, "dO": qo}, {"D": stats},
                         2 * s.head_dim * s.seqlen_q * heads)]
     if variant == "two-pass":
@@ -523,7 +532,8 @@ def _tiles(tiles, name: str) -> tuple[int, int]:
 
 
 def _attnlab_backward(sc, shape: AttentionShape, variant: str, dq_tiles: tuple[int, int],
-                      dkdv_tiles: tuple[int, int], pairs: int, split: bool) -> Traffic:
+                      dkdv_tiles: tuple[int, int], pairs: int, split: bool,
+                      dv_tiles: tuple[int, int]) -> Traffic:
     """backward_traffic's ``"attnlab"`` and ``"attnlab-sm90"`` (see there)."""
     s = sc.shape
     heads = s.batch * s.query_heads
@@ -534,27 +544,48 @@ def _attnlab_backward(sc, shape: AttentionShape, variant: str, dq_tiles: tuple[i
     # dQ: each query tile loads the K/V tiles its rows see (K/V rows over tile pairs);
     # dK/dV: each key block loads the query tiles that see it (Q rows over tile pairs).
     kv_rows = tile_plan(s.replace(block_m=dq_tiles[0], block_n=dq_tiles[1])).kv_rows_loaded()
-    q_rows = tile_plan(s.replace(block_m=dkdv_tiles[0],
-                                 block_n=dkdv_tiles[1])).query_rows_times_tiles()
+
+    def query_rows(tiles):
+        return tile_plan(s.replace(block_m=tiles[0], block_n=tiles[1])).query_rows_times_tiles()
+
+    q_rows = query_rows(dkdv_tiles)
     lse = "LSE (log2)" if variant == "attnlab-sm90" else "LSE"
-    copies = 2 if split else 1  # the query rows each dK/dV program streams
     dq_writes = {"dQ": qo, "D": stats, **({lse: stats} if lse != "LSE" else {})}
-    stages = (
-        sc.kernel(f"attnlab dQ (query tiles outer, {dq_tiles[0]} x {dq_tiles[1]}; forms and "
-                  "writes D)",
-                  {"Q": qo, "dO": qo, "O": qo, "LSE": stats,
-                   "K": heads * kv_rows * act, "V": heads * kv_rows * act},
-                  dq_writes, 6 * s.head_dim * pairs * heads + 2 * s.head_dim * s.seqlen_q * heads),
-        sc.kernel(f"attnlab dK/dV (KV tiles outer, {dkdv_tiles[1]} keys x {dkdv_tiles[0]} "
-                  "rows, the GQA group summed in registers"
-                  f"{'; dK and dV by separate programs' if split else ''})",
-                  {"K": kv_once, "V": kv_once, "Q": copies * heads * q_rows * act,
-                   "dO": copies * heads * q_rows * act,
-                   lse: copies * heads * q_rows * STATS_BYTES,
-                   "D": heads * q_rows * STATS_BYTES},
-                  {"dK": kv_once, "dV": kv_once},
-                  (10 if split else 8) * s.head_dim * pairs * heads),
-    )
+    dq = sc.kernel(f"attnlab dQ (query tiles outer, {dq_tiles[0]} x {dq_tiles[1]}; forms and "
+                   "writes D)",
+                   {"Q": qo, "dO": qo, "O": qo, "LSE": stats,
+                    "K": heads * kv_rows * act, "V": heads * kv_rows * act},
+                   dq_writes, 6 * s.head_dim * pairs * heads + 2 * s.head_dim * s.seqlen_q * heads)
+    if split and variant == "attnlab-sm90":
+        dv_rows = query_rows(dv_tiles)
+        stages = (
+            dq,
+            sc.kernel(f"attnlab dV launch (Gluon, {dv_tiles[1]} keys x {dv_tiles[0]} rows, "
+                      "the GQA group summed in registers)",
+                      {"K": kv_once, "Q": heads * dv_rows * act, "dO": heads * dv_rows * act,
+                       lse: heads * dv_rows * STATS_BYTES},
+                      {"dV": kv_once}, 4 * s.head_dim * pairs * heads),
+            sc.kernel(f"attnlab dK launch (Gluon, {dkdv_tiles[1]} keys x {dkdv_tiles[0]} rows, "
+                      "the GQA group summed in registers)",
+                      {"K": kv_once, "V": kv_once, "Q": heads * q_rows * act,
+                       "dO": heads * q_rows * act, lse: heads * q_rows * STATS_BYTES,
+                       "D": heads * q_rows * STATS_BYTES},
+                      {"dK": kv_once}, 6 * s.head_dim * pairs * heads),
+        )
+    else:
+        copies = 2 if split else 1  # the query rows each dK/dV program streams
+        stages = (
+            dq,
+            sc.kernel(f"attnlab dK/dV (KV tiles outer, {dkdv_tiles[1]} keys x {dkdv_tiles[0]} "
+                      "rows, the GQA group summed in registers"
+                      f"{'; dK and dV by separate programs' if split else ''})",
+                      {"K": kv_once, "V": kv_once, "Q": copies * heads * q_rows * act,
+                       "dO": copies * heads * q_rows * act,
+                       lse: copies * heads * q_rows * STATS_BYTES,
+                       "D": heads * q_rows * STATS_BYTES},
+                      {"dK": kv_once, "dV": kv_once},
+                      (10 if split else 8) * s.head_dim * pairs * heads),
+        )
     kernel = "the Gluon sm_90 dK/dV kernel" if variant == "attnlab-sm90" else "the Triton kernels"
     return Traffic(
         variant=f"{variant}-backward",
@@ -564,7 +595,9 @@ def _attnlab_backward(sc, shape: AttentionShape, variant: str, dq_tiles: tuple[i
         assumptions=("S and P recomputed from Q, K and the forward's LSE, never loaded",
                      "D formed by the dQ kernel from the O and dO rows it loads",
                      f"tiles: dQ {dq_tiles[0]} query rows x {dq_tiles[1]} keys, dK/dV "
-                     f"{dkdv_tiles[1]} keys x {dkdv_tiles[0]} query rows",
+                     f"{dkdv_tiles[1]} keys x {dkdv_tiles[0]} query rows"
+                     + (f" (the dV launch's: {dv_tiles[1]} x {dv_tiles[0]})"
+                        if split and variant == "attnlab-sm90" else ""),
                      "no dLSE read (the LSE output not differentiated)",
                      "LSE and D are FP32", "logical: no cache reuse"),
     )
