@@ -298,7 +298,8 @@ def phase_tune(ctx) -> dict:
 
 # ---------------------------------------------------------------------------
 # The Gluon sm_90 dK/dV kernel against the Triton one (kernels/backward_sm90.py)
-SM90_CANDIDATES = {  # head_dim -> (block_m, stages[, dv_block_m, dv_stages]); session 5 run 1 measured more
+# head_dim -> (block_m, stages[, dv_block_m, dv_stages]); session 5 run 1 measured more.
+SM90_CANDIDATES = {
     128: [(64, 2), (64, 3), (32, 3)],  # m32 s2/s4: within 3% of m32 s3
     64: [(64, 2), (64, 3), (128, 2)],  # m64 s4, m32 s3: 0.6-1.0x m64 s2 (session 5);
                                        # m128 no longer spills (LSE/D in shared memory)
@@ -307,6 +308,14 @@ SM90_CANDIDATES = {  # head_dim -> (block_m, stages[, dv_block_m, dv_stages]); s
 }
 SM90_ACCURACY_PAIRS = [(1, 1), (1, 239), (239, 1), (113, 203), (203, 113), (1023, 1024),
                        (2048, 2048), (64, 4000)]
+
+
+def sm90_candidates(head_dim: int) -> list:
+    """The Gluon dK/dV configs the sweep measures at ``head_dim``."""
+    from attnlab.kernels.backward_sm90 import Sm90BackwardConfig
+
+    return [Sm90BackwardConfig(*fields[:2], 24, *fields[2:])
+            for fields in SM90_CANDIDATES[head_dim]]
 
 
 def sm90_plan(args) -> list[tuple[int, int, bool]]:
@@ -331,8 +340,7 @@ def phase_sm90(ctx) -> None:
     started, failures, count, inaccurate = time.time(), 0, 0, set()
     heads = [(4, 4), (6, 2), (4, 1)]
     for head_dim in head_dims if not ctx.args.sm90_skip_accuracy else ():
-        for fields in SM90_CANDIDATES[head_dim]:
-            config = sm90.Sm90BackwardConfig(*fields[:2], 24, *fields[2:])
+        for config in sm90_candidates(head_dim):
             is_default = config == sm90.DEFAULT_CONFIGS[head_dim]
             cases = list(itertools.product(SM90_ACCURACY_PAIRS, (False, True)))
             cases = cases if is_default else cases[3::4]
@@ -367,8 +375,7 @@ def phase_sm90(ctx) -> None:
                                  causal=causal)
         base = backward_config(shape)
         timed = {"triton": time_backward(q, k, v, dout, out, lse, base, causal)}
-        for fields in SM90_CANDIDATES[head_dim]:
-            config = sm90.Sm90BackwardConfig(*fields[:2], 24, *fields[2:])
+        for config in sm90_candidates(head_dim):
             try:
                 timed[config.name()] = time_backward(q, k, v, dout, out, lse, None, causal,
                                                      dkdv_sm90=config)

@@ -513,26 +513,34 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     static = (*out_strides,
               num_kv_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_kv_blocks,
               scale * LOG2E, scale)
+    key_blocks = (PlannedDescriptor(k, descriptor_parts(k, layout, KEYS_PER_WARPGROUP)),
+                  PlannedDescriptor(v, descriptor_parts(v, layout, KEYS_PER_WARPGROUP)))
     launches = []
-    for form_dk, form_dv, block_m, stages in config.launches(head_dim):
+    for launch in config.launches(head_dim):
+        block_m = launch[2]
         row_descriptor = PlannedDescriptor(rows, row_stat_descriptor_parts(rows, seqlen_q,
                                                                            block_m))
-        descriptors = (PlannedDescriptor(k, descriptor_parts(k, layout, KEYS_PER_WARPGROUP)),
-                       PlannedDescriptor(v, descriptor_parts(v, layout, KEYS_PER_WARPGROUP)),
+        descriptors = (*key_blocks,
                        PlannedDescriptor(q, descriptor_parts(q, layout, block_m)),
                        PlannedDescriptor(dout, descriptor_parts(dout, layout, block_m)),
                        row_descriptor, row_descriptor)  # LSE·log2 e and D
-        constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, STAGES=stages,
-                          IS_CAUSAL=causal, FORM_DK=form_dk, FORM_DV=form_dv,
-                          PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=CONSUMER_REGS,
-                          num_warps=CONSUMER_WARPS)
         # dK and dV are fresh allocations (16-byte aligned).
-        key = (config, causal, form_dk, form_dv, head_dim, q.dtype, q.device,
+        key = (config, causal, *launch[:2], head_dim, q.dtype, q.device,
                tuple(int_class(s) for s in out_strides),
                max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
         launches.append(PlannedGluonLaunch(_COMPILED, _attn_bwd_dkdv_sm90, grid, descriptors,
-                                           static, constexprs, key, MAXNREG))
+                                           static, _constexprs(head_dim, causal, config, launch),
+                                           key, MAXNREG))
     return PlannedLaunches(tuple(launches))
+
+
+def _constexprs(head_dim: int, causal: bool, config: Sm90BackwardConfig, launch: tuple
+                ) -> dict:
+    """The kernel's meta-parameters for one of ``config.launches(head_dim)``."""
+    form_dk, form_dv, block_m, stages = launch
+    return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, STAGES=stages, IS_CAUSAL=causal,
+                FORM_DK=form_dk, FORM_DV=form_dv, PRODUCER_REGS=config.producer_regs,
+                CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
 
 
 # Launched kernels by what Triton specialises them on (config, mask, head dim, dtype,
@@ -552,13 +560,13 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
     from triton.runtime.jit import mangle_type
 
     config = config or DEFAULT_CONFIGS[head_dim]
-    forms = {("dk" if dk else "") + ("dv" if dv else ""): (dk, dv, block_m, stages)
-             for dk, dv, block_m, stages in config.launches(head_dim)}
+    forms = {("dk" if launch[0] else "") + ("dv" if launch[1] else ""): launch
+             for launch in config.launches(head_dim)}
     form = form or ("dk" if "dk" in forms else "dkdv")
     if form not in forms:
         raise ValueError(f"form must be one of {sorted(forms)} at head_dim {head_dim}, "
                          f"got {form!r}")
-    form_dk, form_dv, block_m, stages = forms[form]
+    block_m = forms[form][2]
     torch_dtype = getattr(torch, TORCH_NAMES[dtype])
     example = torch.empty((1, 256, 1, head_dim), dtype=torch_dtype, device="meta")
     kv_type = mangle_type(descriptor(example, "bshd", KEYS_PER_WARPGROUP))
@@ -575,9 +583,7 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
                  "num_kv_blocks"):
         signature[name] = "i32"
     signature.update(qk_scale="fp32", scale="fp32")
-    constants = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, STAGES=stages, IS_CAUSAL=causal,
-                     FORM_DK=form_dk, FORM_DV=form_dv, PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=CONSUMER_REGS,
-                     num_warps=CONSUMER_WARPS)
+    constants = _constexprs(head_dim, causal, config, forms[form])
     return compile_sm90(_attn_bwd_dkdv_sm90, signature, constants,
                         ("DK", "DV", *strides), MAXNREG)
 

@@ -484,9 +484,9 @@ def _gluon_one_gradient_launches(s: AttentionShape, hw: CacheHardware, dk: Fused
     once per KV head; ``kv`` is one of K, V's bytes."""
     b, d = s.element_bytes, s.head_dim
     kernels = []
-    for name, tiling, rows_bytes, reads, grad in (
-            ("dV", dv, group_rows * (2 * d * b + STATS_BYTES), kv, "dV"),
-            ("dK", dk, group_rows * (2 * d * b + 2 * STATS_BYTES), 2 * kv, "dK")):
+    for name, tiling, rows_bytes, reads in (
+            ("dV", dv, group_rows * (2 * d * b + STATS_BYTES), kv),
+            ("dK", dk, group_rows * (2 * d * b + 2 * STATS_BYTES), 2 * kv)):
         blocks = -(-s.seqlen_k // tiling.block_n)
         resident = hw.sm_count * tiling.launch.ctas_per_sm(hw)
         passes = kv_dram_passes(blocks, resident, rows_bytes, hw)
@@ -497,7 +497,7 @@ def _gluon_one_gradient_launches(s: AttentionShape, hw: CacheHardware, dk: Fused
             written=kv, hw=hw,
             notes=(f"Q, dO, LSE{', D' if name == 'dK' else ''} read from DRAM {passes}x per "
                    f"KV head ({blocks} CTAs share them, {resident} resident)",
-                   f"{grad} once per KV head")))
+                   f"{name} once per KV head")))
     return kernels
 
 

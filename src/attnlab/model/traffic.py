@@ -444,9 +444,9 @@ def backward_traffic(shape: AttentionShape, *, variant: str = "two-pass", scope:
     formed twice: one forming dV (reads Q, dO, LSE; computes S and P^T dO), one dK (Q,
     dO, LSE, D; S, dP and dS^T Q).  With ``"attnlab"`` (``BackwardConfig.dkdv_split``)
     they are two programs per key block of one launch, which reads K and V once; with
-    ``"attnlab-sm90"`` (the Gluon kernel at d = 256, ``backward_sm90.ONE_GRADIENT_PER_LAUNCH``)
-    two launches, the dV launch (``dv_tiles``, default ``dkdv_tiles``; it reads K, not V)
-    then the dK launch (``dkdv_tiles``; K and V).
+    ``"attnlab-sm90"`` (the Gluon kernel at d = 256,
+    ``backward_sm90.ONE_GRADIENT_PER_LAUNCH``) two launches, the dV launch (``dv_tiles``,
+    default ``dkdv_tiles``; it reads K, not V) then the dK launch (``dkdv_tiles``; K, V).
     """
     check_shape(shape)
     if variant not in BACKWARD_VARIANTS:
