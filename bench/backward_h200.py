@@ -736,8 +736,10 @@ def phase_ncu(ctx) -> None:
     work = Path(tempfile.mkdtemp(prefix="attnlab-ncu-bwd-"))
     cases = [("attnlab", "fwdbwd", shape) for shape in ctx.plan]
     try:
-        metrics = tuple(ncu.METRICS) if ctx.args.ncu_metrics == "full" else ncu.CORE_METRICS
+        detail = ctx.args.ncu_metrics
+        metrics = ncu.CORE_METRICS if detail == "core" else tuple(ncu.METRICS)
         run = ncu.run_ncu(cases, work, ncu=binary, metrics=metrics,
+                          section_set="full" if detail == "sections" else None,
                           timeout_s=max(10.0, ctx.deadline - time.monotonic() - 5))
     except Exception as error:  # noqa: BLE001 - say why; the log tail says more
         print(f"  ncu failed: {error}", flush=True)
@@ -746,6 +748,8 @@ def phase_ncu(ctx) -> None:
             print("    " + "\n    ".join(log.read_text().splitlines()[-15:]), flush=True)
         return
     ncu.write_long_csv(run.kernels, ctx.path("ncu_backward/ncu_kernels.csv"))
+    if ctx.args.ncu_metrics == "sections":  # every metric of the set, as ncu printed them
+        ctx.path("ncu_backward/ncu_raw.csv").write_text(run.raw_csv.read_text())
     ctx.upsert("backward_ncu.jsonl", ncu_records(run.kernels, ctx.env))
     for label, reason in run.failed_cases.items():
         print(f"  case failed: {label}: {reason[:200]}", flush=True)
@@ -781,7 +785,7 @@ def phase_ncu(ctx) -> None:
                    "plan": {k: v for k, v in plan.items() if k not in ("dq", "dkdv")},
                    "notes": list(model.notes), **ctx.env}
             ctx.append_row("backward_ncu_vs_model.jsonl", row)
-            if kernel is not None and ctx.args.ncu_metrics == "full":
+            if kernel is not None and ctx.args.ncu_metrics != "core":
                 print(f"  {role}: {warp_state(kernel)}", flush=True)
             print(f"  {shape.describe()[:60]:60s} {role:14s} measured "
                   f"{'-' if got is None else f'{got / 1e6:8.1f}'} MB, cache model "
@@ -836,13 +840,16 @@ bench.option("--shapes", default="", help="bench and profile only shapes whose d
                                           "contains one of these comma-separated parts, e.g. "
                                           "'Nq=1024,d=64'")
 bench.option("--profile", action="store_true", help="list each call's kernels")
-bench.option("--ncu-metrics", choices=("core", "full"), default="core",
+bench.option("--ncu-metrics", choices=("core", "full", "sections"), default="core",
              help="ncu phase: the DRAM bytes the model comparison needs (core), or also the "
-                  "speed of light, occupancy and warp stalls per kernel (full)")
+                  "speed of light, occupancy and warp stalls per kernel (full), or also "
+                  "every metric of ncu's full section set, kept in ncu_raw.csv (sections: "
+                  "pipe utilisation, shared-memory wavefronts, ...)")
 # The order they run in: the ones only run when asked first, the tuning before the table.
 bench.phase("edge", default=False)(phase_edge)
 bench.phase("profile", default=False, plan=profile_plan)(phase_profile)
-bench.phase("ncu", default=False, cap_s=60.0, plan=lambda args: list(NCU_SHAPES))(phase_ncu)
+bench.phase("ncu", default=False, cap_s=60.0,
+            plan=lambda args: [s for s in NCU_SHAPES if shape_selected(s, args.shapes)])(phase_ncu)
 bench.phase("correct", cap_s=45.0, plan=correctness_cases)(phase_correct)
 bench.phase("sm90", default=False, cap_s=200.0, plan=sm90_plan)(phase_sm90)
 bench.phase("tune", cap_s=90.0, plan=tune_plan)(phase_tune)

@@ -57,7 +57,7 @@ from attnlab.shapes import AttentionShape
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
 PEERS = ("sdpa_cudnn", "sdpa_flash", "flex", "eager")
-KERNEL_NAMES = ["_split_kv_decode", "_combine_partials"]
+KERNEL_NAMES = ["_split_kv_decode"]
 FLEX_COMPILE_BUDGET_S = 60.0
 
 bench = Bench("decode_h200", __doc__)
@@ -240,7 +240,7 @@ def measure(name, fn, inputs, shape, env, *, context=None, kernel_names=(), flus
         timing = time_call(fn, [inputs], warmup=3, flush=flush, cuda_graph=False,
                            context=context, target_ms=60.0, max_repeats=100)
     # The record names what the profiler saw launch (one of ``kernel_names`` among them),
-    # not what was meant to: a one-split call runs no combine.
+    # not what was meant to.
     names = kernels_that_ran(fn, inputs, tuple(kernel_names), owner=name, context=context)
     tbps = (kv_bytes(shape) if moved is None else moved) / (timing.p50 * 1e-3) / 1e12
     record = records.make_record(

@@ -150,6 +150,26 @@ def test_k_splits_equal_one_split_and_the_reference_split_by_split(num_splits):
 
 
 @runs_kernels
+def test_the_last_split_merges_and_leaves_the_arrival_counters_at_zero():
+    """One launch per call: every split counts its arrival, the last of a row block merges
+    and returns the counter to 0, so the next call on the stream starts clean; a call
+    without the LSE writes the same output."""
+    from attnlab.kernels.decode import decode_plan
+
+    q, k, v = randn(2, 3, 8, 32, seed=7), randn(2, 239, 2, 32, seed=8), \
+        randn(2, 239, 2, 32, seed=9)
+    first, first_lse = flash_decode(q, k, v, scale=0.2, causal=True, num_splits=5)
+    plan = decode_plan(q, k, v, scale=0.2, causal=True)
+    (counters,) = plan.arrivals.values()
+    assert counters.shape == (2 * 2 * plan.row_blocks,) and not counters.any()
+    again, again_lse = flash_decode(q, k, v, scale=0.2, causal=True, num_splits=5)
+    assert torch.equal(again, first) and torch.equal(again_lse, first_lse)
+    no_lse, none = flash_decode(q, k, v, scale=0.2, causal=True, num_splits=5, write_lse=False)
+    assert none is None and torch.equal(no_lse, first)
+    check_dense(first, first_lse, q, k, v, scale=0.2, causal=True)
+
+
+@runs_kernels
 @pytest.mark.parametrize("page_size", [16, 48, 64])
 def test_paged_cache_equals_contiguous(page_size):
     # 48 = one and a half 32-key tiles: tiles cross pages.  64: two tiles per page.
@@ -411,12 +431,12 @@ def _serving_call(paged: bool, append: bool, rotary: bool, extra: dict | None = 
 def test_a_call_reads_no_tensor_value_on_the_host(no_value_reads, paged, append, rotary):
     """The first call (validation and planning) and a repeated one: no .item(), .tolist(),
     .cpu(), ... anywhere on the path; the launches are the append (when k, v are
-    given), the split kernel and the combine."""
+    given) and the split kernel, which merges its own splits (no second launch)."""
     q, k_cache, v_cache, options = _serving_call(paged, append, rotary)
     for _ in range(2):
         with no_value_reads() as launched:
             attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=3, **options)
-        assert launched == ["_rotary_append"] * append + ["_split_kv_decode", "_combine_partials"]
+        assert launched == ["_rotary_append"] * append + ["_split_kv_decode"]
         launched.clear()
 
 
@@ -495,9 +515,9 @@ import json, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attnlab.kernels.append import _rotary_append
-from attnlab.kernels.decode import _combine_partials, _split_kv_decode
+from attnlab.kernels.decode import _split_kv_decode
 from attnlab.kernels.forward import _attn_fwd
-TYPES = dict(O_PART="*fp32", LSE_PART="*fp32", LSE_OUT="*fp32", ERRORS="*i64", COS="*fp32",
+TYPES = dict(O_PART="*fp32", ARRIVALS="*i32", LSE_OUT="*fp32", ERRORS="*i64", COS="*fp32",
              SIN="*fp32", CACHE_SEQLENS="*i32", CACHE_BATCH_IDX="*i32", CACHE_LEFTPAD="*i32",
              BLOCK_TABLE="*i32", ROTARY_SEQLENS="*i32", LSE="*fp32", CU_SEQLENS_Q="*i32",
              CU_SEQLENS_K="*i32", SEQUSED_K="*i32", K_DESCALE="*fp32", V_DESCALE="*fp32",
@@ -524,8 +544,8 @@ for page, d, block_n, batch_idx, per_page, fp8 in (
         HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=16, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_SEQLENS=True, HAS_BATCH_IDX=batch_idx, HAS_LEFTPAD=batch_idx, HAS_LEFT=False,
         HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
-        PER_PAGE=per_page, DESCALED=fp8, ROW_SCALED_Q=fp8), 4, 3, FP8_CACHE if fp8 else ()))
-built.append(build(_combine_partials, dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_S=16), 2, 1))
+        PER_PAGE=per_page, DESCALED=fp8, ROW_SCALED_Q=fp8, WRITE_LSE=not fp8, LSE_CHUNK=16,
+        O_CHUNK=2 if d == 256 else 4), 4, 3, FP8_CACHE if fp8 else ()))
 for page, half, batch_idx, fp8 in ((0, 32, False, False), (16, 64, False, False),
                                    (0, 0, True, False), (16, 64, False, True)):
     built.append(build(_rotary_append, dict(
@@ -547,9 +567,10 @@ print(json.dumps(built))
 @pytest.mark.slow
 def test_the_serving_kernels_build_for_sm90(json_from_fresh_python):
     """The interpreter runs what ptxas may refuse (loop-carried flags, scalar atomics):
-    the split, combine and append kernels and the paged varlen forward compile for
-    sm_90a here, without a GPU (an fp8 cache's split and append kernels too)."""
-    assert json_from_fresh_python(SM90_BUILD) == [True] * 12
+    the split kernel (which merges its splits) and the append kernel and the paged
+    varlen forward compile for sm_90a here, without a GPU (an fp8 cache's split and
+    append kernels too)."""
+    assert json_from_fresh_python(SM90_BUILD) == [True] * 11
 
 
 # ----- merge_state / merge_states ----------------------------------------------------------
@@ -778,6 +799,54 @@ def test_gpu_cuda_graph_capture_appends_and_attends(captured_replay):
     captured = captured_replay(step)  # the warm-up writes the same rows the graph will
     assert torch.equal(captured, eager)
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_calls_on_two_streams_at_once_each_merge_their_own_splits():
+    """The split kernel's arrival counters are kept per stream: one signature's calls
+    running at the same time on two streams (many small launches, so they overlap) give
+    what each gives alone, and a CUDA graph of the call replays on another stream beside
+    eager calls."""
+    batch, heads, kv_heads, dim, capacity = 2, 32, 8, 128, 8192
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    caches = [(rand(batch, capacity, kv_heads, dim), rand(batch, capacity, kv_heads, dim))
+              for _ in range(2)]
+    queries = [rand(batch, 1, heads, dim) for _ in range(2)]
+    lengths = torch.tensor([capacity - 3, 4000], dtype=torch.int32, device="cuda")
+
+    def call(i):
+        return attnlab.flash_attn_with_kvcache(queries[i], *caches[i], cache_seqlens=lengths,
+                                               causal=True, num_splits=16)
+
+    alone = [call(i) for i in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    outs = [[], []]
+    for _ in range(50):
+        for i, stream in enumerate(streams):
+            with torch.cuda.stream(stream):
+                outs[i].append(call(i))
+    torch.cuda.synchronize()
+    for i in range(2):
+        assert all(torch.equal(out, alone[i]) for out in outs[i])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(0)
+    replays = []
+    with torch.cuda.stream(streams[0]):
+        for _ in range(20):
+            graph.replay()
+            replays.append(captured.clone())
+    with torch.cuda.stream(streams[1]):
+        eager = [call(0) for _ in range(20)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(out, alone[0]) for out in replays + eager)
 
 
 @pytest.mark.gpu

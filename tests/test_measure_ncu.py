@@ -102,6 +102,10 @@ def test_profile_command_never_touches_clocks():
     one_step = ncu.csv_command("ncu", ["python", "x.py"])
     assert one_step[:3] == ["ncu", "--clock-control", "none"] and "--csv" in one_step
     assert ncu.import_command("ncu", "r.ncu-rep", nvtx_names=True)[-1] == "kernel"
+    assert "--set" not in command
+    full = ncu.profile_command("ncu", "/tmp/r", ["python"], section_set="full")
+    assert full[full.index("--set") + 1] == "full" and "--metrics" in full
+    assert full[full.index("--clock-control") + 1] == "none"
 
 
 def test_case_labels_round_trip():

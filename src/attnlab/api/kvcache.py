@@ -507,7 +507,8 @@ class _TritonCall:
             attended = q.contiguous()
         self.decode = decode_plan(attended, k_cache, v_cache, seqlen_new=seqlen_new,
                                   seqlens_tensor=not self.int_seqlens,
-                                  indices=kernel_indices[1:4], descales=descales, **options)
+                                  indices=kernel_indices[1:4], descales=descales,
+                                  write_lse=return_lse, **options)
 
     def __call__(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                  cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, max_seqlen_k,

@@ -22,10 +22,10 @@ import triton
 # The kernels name their pointers in capitals; these hold fp32 row statistics (and the
 # decode kernel's partials and descale factors), the index tensors int32, the index-error
 # record int64, the rest the call's dtype.
-_FP32_POINTERS = ("LSE", "DLSE", "DELTA", "LSE_LOG2", "O_PART", "LSE_PART", "LSE_OUT",
+_FP32_POINTERS = ("LSE", "DLSE", "DELTA", "LSE_LOG2", "O_PART", "LSE_OUT",
                   "K_DESCALE", "V_DESCALE")
 _I32_POINTERS = ("CU_SEQLENS", "CACHE_SEQLENS", "CACHE_BATCH_IDX", "CACHE_LEFTPAD",
-                 "BLOCK_TABLE", "SEQUSED")
+                 "BLOCK_TABLE", "SEQUSED", "ARRIVALS")
 _I64_POINTERS = ("ERRORS",)
 _FP32_SCALARS = ("qk_scale", "softcap_log2", "softcap_inv", "scale")
 # Strides of the (batch, head, seq) row statistics: 16-divisible where seqlen_q is.

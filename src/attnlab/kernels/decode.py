@@ -1,4 +1,4 @@
-"""Flash-Decoding in Triton: a split-KV kernel, a log-sum-exp combine, their launcher.
+"""Flash-Decoding in Triton: a split-KV kernel that merges its own splits, its launcher.
 
 A decode step has few query rows and a long cache: the cost is streaming K/V once,
 and one program per (batch, head) leaves most SMs idle (issue #13: 492 us at 1 x 32k
@@ -12,22 +12,26 @@ contiguous runs of key tiles and each run is its own program:
   so every K/V byte is read once per KV head, not once per query head.  It runs
   the FA-2 loop over its run of tiles and writes a normalised fp32 partial output
   and its natural-log LSE (or, with one split, the final output directly);
-* **combine kernel** (:func:`_combine_partials`), one program per output row: the
-  exact merge ``o = sum_s exp(lse_s - lse) o_s``, ``lse = log sum_s exp(lse_s)``.
+* **merge** (:func:`_merge_splits`): the last program of a row block to finish (an
+  arrival counter per row block, atomically incremented after its partials are
+  stored) merges every split's partials, ``o = sum_s exp(lse_s - lse) o_s``, ``lse =
+  log sum_s exp(lse_s)``, and writes the output: one launch per call, where a
+  separate combine kernel cost ~5 us of a batch-1 4k call's ~16 (bench/NOTES.md S19).
 
 The split rule is the reference's (:func:`attnlab.reference.split_kv`): a sequence
 of ``kv_tiles`` tiles gives every split ``ceil(kv_tiles / num_splits)`` tiles, so
 trailing splits may be empty.  Each program computes it from *its own* sequence's
 live length, read on the device: the grid is sized on the host from an upper bound
 (the call's known length, ``max_seqlen_k``, or the cache capacity) and programs past
-their sequence's end do no loads and write LSE = -inf, which the combine drops.  No
+their sequence's end do no loads and write LSE = -inf, which the merge drops.  No
 host sync, no data-dependent allocation: the launch works under CUDA-graph capture.
 Every index a program reads (cache_seqlens, cache_leftpad, cache_batch_idx, the
 block_table entries it uses) is range-checked there: a bad one is never an address,
 its sequence's rows come out NaN, and it is recorded (kernels/index_checks.py).
 What a call signature fixes (tiles, strides, grids, the launches' constant arguments,
 the compiled kernels) is kept per signature (``_DecodePlan``); a call picks its split
-count from host-known sizes (kernels/dispatch.py), allocates and launches.
+count from host-known sizes (kernels/dispatch.py), allocates (the output, the LSE when
+asked for, one partials buffer) and launches once.
 
 Cache forms: contiguous ``(cache_batch, capacity, kv_heads, d)`` (any strides with a
 unit last one; ``cache_batch_idx`` picks rows, ``cache_leftpad`` the first live key)
@@ -47,7 +51,13 @@ import attnlab.kernels.dispatch as dispatch
 import attnlab.kernels.index_checks as index_checks
 from attnlab.inputs import layout_named
 from attnlab.kernels._aot import compile_triton
-from attnlab.kernels._launch import DirectLauncher, PlanCache, PlannedLaunch, tensor_key
+from attnlab.kernels._launch import (
+    DirectLauncher,
+    PlanCache,
+    PlannedLaunch,
+    current_stream,
+    tensor_key,
+)
 from attnlab.kernels._primitives import (
     LOG2E,
     _checked_pages,
@@ -150,8 +160,9 @@ def _decode_tiles(
                                "capacity", "cache_batch", "num_pages"])
 def _split_kv_decode(
     # pointers
-    Q, K, V, O_PART, LSE_PART, OUT, LSE_OUT,
+    Q, K, V, O_PART, OUT, LSE_OUT,
     CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE, ERRORS,
+    ARRIVALS,  # (batch * kv_heads * row blocks,) int32, 0 between launches (WRITE_PARTIAL)
     K_DESCALE, V_DESCALE,  # an fp8 cache's (batch, kv_heads) fp32 factors (DESCALED)
     # the call's int cache_seqlens (unused with the tensor)
     cache_seqlen,
@@ -174,7 +185,8 @@ def _split_kv_decode(
     HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr,
-    DESCALED: tl.constexpr, ROW_SCALED_Q: tl.constexpr,
+    DESCALED: tl.constexpr, ROW_SCALED_Q: tl.constexpr, WRITE_LSE: tl.constexpr,
+    LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -270,8 +282,8 @@ def _split_kv_decode(
             HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT, PER_PAGE, ROW_SCALED_Q)
 
     # A row that sees no key of this split (an empty split, a hidden row): O = 0,
-    # LSE = -inf, which the combine drops; a NaN stays NaN (_finish_rows), so the
-    # combine cannot drop it.  A bad index makes the whole split NaN, so the combined
+    # LSE = -inf, which the merge drops; a NaN stays NaN (_finish_rows), so the
+    # merge cannot drop it.  A bad index makes the whole split NaN, so the combined
     # row is NaN too.
     sees_key = _row_sees_keys(offs_m, split_lo, split_hi, diag_offset, window_left,
                               window_right, HAS_LEFT, HAS_RIGHT)
@@ -281,75 +293,94 @@ def _split_kv_decode(
     out = tl.where(bad != 0, float("nan"), out)
     lse = tl.where(bad != 0, float("nan"), lse)
     if WRITE_PARTIAL:
-        # Partials are (batch, seqlen_q, heads, num_splits, head_dim) fp32: the combine
-        # reads one output row's splits as one contiguous block.
+        # Partials are (batch, seqlen_q, heads, num_splits, head_dim) fp32, then the LSEs
+        # (batch, seqlen_q, heads, num_splits): one buffer, one allocation per call.
         row = (off_b.to(tl.int64) * seqlen_q + offs_m) * num_heads + offs_h
+        rows = tl.num_programs(0).to(tl.int64) * group_size * seqlen_q  # batch x heads x seqlen_q
+        LSE_PART = O_PART + rows * num_splits * HEAD_DIM
         slot = row * num_splits + split
         tl.store(O_PART + slot[:, None] * HEAD_DIM + offs_d[None, :], out, mask=q_mask)
         tl.store(LSE_PART + slot, lse, mask=row_valid)
+        # The last split of these rows to finish merges every split's partials: no second
+        # launch (the combine kernel was ~5 of a batch-1 4k call's ~16 us, NOTES S19).
+        # CUTLASS's arrival pattern: a barrier orders every thread's stores before one
+        # thread's release; its acquire orders the merge's loads after the other splits'.
+        tl.debug_barrier()
+        counter = ARRIVALS + pid_bh * tl.num_programs(2) + pid_m
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            # Back to 0 for the next launch on this stream (kernel boundaries order it).
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+            out, lse = _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
+                                     BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, LSE_CHUNK, O_CHUNK)
+            _store_rows(OUT, LSE_OUT, out, lse, off_b, offs_m, offs_h, offs_d, q_mask,
+                        row_valid, stride_ob, stride_om, stride_oh, num_heads, seqlen_q,
+                        WRITE_LSE)
     else:
-        o_ptrs = (OUT + off_b.to(tl.int64) * stride_ob + offs_m[:, None] * stride_om
-                  + offs_h[:, None] * stride_oh + offs_d[None, :])
-        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=q_mask)
+        _store_rows(OUT, LSE_OUT, out, lse, off_b, offs_m, offs_h, offs_d, q_mask, row_valid,
+                    stride_ob, stride_om, stride_oh, num_heads, seqlen_q, WRITE_LSE)
+
+
+@triton.jit
+def _store_rows(OUT, LSE_OUT, out, lse, off_b, offs_m, offs_h, offs_d, q_mask, row_valid,
+                stride_ob, stride_om, stride_oh, num_heads, seqlen_q, WRITE_LSE: tl.constexpr):
+    """A program's final rows: O in the output's dtype and layout, LSE (batch, heads,
+    seqlen_q) fp32 where the caller asked for it."""
+    o_ptrs = (OUT + off_b.to(tl.int64) * stride_ob + offs_m[:, None] * stride_om
+              + offs_h[:, None] * stride_oh + offs_d[None, :])
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=q_mask)
+    if WRITE_LSE:
         lse_ptrs = LSE_OUT + (off_b.to(tl.int64) * num_heads + offs_h) * seqlen_q + offs_m
         tl.store(lse_ptrs, lse, mask=row_valid)
 
 
-@triton.jit(do_not_specialize=["num_heads", "seqlen_q", "num_splits"])
-def _combine_partials(
-    # pointers
-    O_PART, LSE_PART, OUT, LSE_OUT,
-    # strides of OUT (batch, seq, head)
-    stride_ob, stride_om, stride_oh,
-    # sizes
-    num_heads, seqlen_q, num_splits,
-    # meta-parameters
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
-):
-    """One output row (batch, query, head): the exact merge of its splits' partials."""
-    row = tl.program_id(0).to(tl.int64)
-    off_h = row % num_heads
-    off_m = (row // num_heads) % seqlen_q
-    off_b = row // (num_heads * seqlen_q)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    lse_row = LSE_PART + row * num_splits
-    o_row = O_PART + row * num_splits * HEAD_DIM
-
-    # Pass 1: the largest partial LSE, the base every weight is measured from.
-    lse_max = tl.max(tl.load(lse_row + offs_s, mask=offs_s < num_splits, other=float("-inf")), 0)
-    for s0 in range(BLOCK_S, num_splits, BLOCK_S):
-        chunk = tl.load(lse_row + s0 + offs_s, mask=s0 + offs_s < num_splits, other=float("-inf"))
-        lse_max = tl.maximum(lse_max, tl.max(chunk, 0))
+@triton.jit
+def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
+                  BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                  LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr):
+    """The exact merge of rows ``row``'s split partials: ``o = sum_s exp(lse_s - lse) o_s``,
+    ``lse = log sum_s exp(lse_s)``; (O, LSE) per row.  Loads bypass L1 (``.cg``): the
+    other splits' partials were written by other SMs during this launch."""
+    # Pass 1: each row's largest partial LSE, the base every weight is measured from.
+    offs_s = tl.arange(0, LSE_CHUNK)
+    lse_rows = LSE_PART + row * num_splits
+    lse_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, num_splits, LSE_CHUNK):
+        chunk = tl.load(lse_rows[:, None] + s0 + offs_s[None, :],
+                        mask=row_valid[:, None] & (s0 + offs_s[None, :] < num_splits),
+                        other=float("-inf"), cache_modifier=".cg")
+        lse_max = tl.maximum(lse_max, tl.max(chunk, 1))
     # No split has a finite LSE: measure from 0 so every weight is exp(-inf) = 0, not NaN.
     all_empty = lse_max == float("-inf")
     base = tl.where(all_empty, 0.0, lse_max)
 
-    # Pass 2: weights exp(lse_s - base).  A split with LSE = -inf weighs 0 and its O is
-    # not read -- unless no split has a finite LSE: then O is the sum of the splits' O,
-    # 0 where the row sees no key and NaN where every key it sees scored -inf (0/0, as
-    # softmax over the whole row gives).  A NaN LSE (the max drops it) weighs NaN and
-    # its (NaN) O is read: the row comes out NaN, never a silent drop.
-    total = tl.zeros([BLOCK_S], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_S, HEAD_DIM_PAD], dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        in_range = s0 + offs_s < num_splits
-        lse = tl.load(lse_row + s0 + offs_s, mask=in_range, other=float("-inf"))
-        weight = tl.exp(lse - base)
-        o_weight = tl.where(all_empty, 1.0, weight)
+    # Pass 2: weights exp(lse_s - base), O_CHUNK splits' rows per step (a [rows, splits,
+    # d] tile sized to the registers the finished main loop left).  A split with LSE =
+    # -inf weighs 0 and its O is not read -- unless no split has a finite LSE: then O is
+    # the sum of the splits' O, 0 where the row sees no key and NaN where every key it
+    # sees scored -inf (0/0, as softmax over the whole row gives).  A NaN LSE (the max
+    # drops it) weighs NaN and its (NaN) O is read: the row comes out NaN, never dropped.
+    offs_c = tl.arange(0, O_CHUNK)
+    d_mask = offs_d[None, None, :] < HEAD_DIM
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    for s0 in range(0, num_splits, O_CHUNK):
+        in_range = row_valid[:, None] & (s0 + offs_c[None, :] < num_splits)
+        lse = tl.load(lse_rows[:, None] + s0 + offs_c[None, :], mask=in_range,
+                      other=float("-inf"), cache_modifier=".cg")
+        weight = tl.exp(lse - base[:, None])
+        o_weight = tl.where(all_empty[:, None], 1.0, weight)
         used = in_range & (o_weight != 0.0)
-        o = tl.load(o_row + (s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=used[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        total += weight
-        acc += o_weight[:, None] * o
-    weight_sum = tl.sum(total, 0)
-    no_key = weight_sum == 0.0
-    sum_safe = tl.where(no_key, 1.0, weight_sum)
-    out = tl.sum(acc, 0) / sum_safe
+        slots = row[:, None] * num_splits + s0 + offs_c[None, :]
+        o = tl.load(O_PART + slots[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                    mask=used[:, :, None] & d_mask, other=0.0, cache_modifier=".cg")
+        total += tl.sum(weight, 1)
+        acc += tl.sum(o_weight[:, :, None] * o, 1)
+    no_key = total == 0.0
+    sum_safe = tl.where(no_key, 1.0, total)
+    out = acc / sum_safe[:, None]
     lse_out = tl.where(no_key, float("-inf"), base + tl.log(sum_safe))
-    o_ptrs = OUT + off_b * stride_ob + off_m * stride_om + off_h * stride_oh + offs_d
-    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
-    tl.store(LSE_OUT + (off_b * num_heads + off_h) * seqlen_q + off_m, lse_out)
+    return out, lse_out
 
 
 # ---------------------------------------------------------------------------
@@ -379,6 +410,7 @@ def flash_decode(
     num_splits: int = 0, max_seqlen_k: int | None = None, layout: str = "bshd",
     config: DecodeConfig | None = None, return_partials: bool = False,
     k_descale: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
+    write_lse: bool = True,
 ):
     """Launch split-KV decode on already-validated tensors; returns (out, lse).
 
@@ -391,7 +423,8 @@ def flash_decode(
     else from the longest length the host knows without reading a tensor (an int
     ``cache_seqlens``, or the capacity).  The index tensors are read and range-checked
     on the device only (kernels/index_checks.py).
-    Out has q's layout and dtype; LSE is (batch, heads, seqlen_q) fp32, natural log.
+    Out has q's layout and dtype; LSE is (batch, heads, seqlen_q) fp32, natural log
+    (None with ``write_lse=False``: neither allocated nor written).
     ``return_partials=True`` always runs the split path and also returns the partial
     (O, LSE) as (batch, seqlen_q, heads, num_splits[, d]) fp32, for the tests.
     A float8_e4m3fn cache takes ``k_descale`` and ``v_descale``, (batch, kv_heads) fp32
@@ -403,7 +436,7 @@ def flash_decode(
                        window=window, softcap=softcap, seqlens_tensor=seqlens_tensor,
                        seqlen_new=seqlen_new, indices=(cache_batch_idx, cache_leftpad, block_table),
                        config=config, return_partials=return_partials,
-                       descales=(k_descale, v_descale))
+                       descales=(k_descale, v_descale), write_lse=write_lse)
     if seqlens_tensor:
         cache_seqlen = 0
     else:
@@ -418,7 +451,8 @@ def decode_plan(q, k_cache, v_cache, *, scale: float, causal: bool = False,
                 window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                 seqlens_tensor: bool = False, seqlen_new: int = 0, indices=(None, None, None),
                 layout: str = "bshd", config: DecodeConfig | None = None,
-                return_partials: bool = False, descales=(None, None)) -> _DecodePlan:
+                return_partials: bool = False, descales=(None, None),
+                write_lse: bool = True) -> _DecodePlan:
     """The kept plan for calls shaped like these tensors (``indices``: cache_batch_idx,
     cache_leftpad, block_table or None; ``descales``: an fp8 cache's (batch, kv_heads)
     k/v descale views, or None), made on first sight.  Calling it,
@@ -427,29 +461,45 @@ def decode_plan(q, k_cache, v_cache, *, scale: float, causal: bool = False,
     launches: what :func:`flash_decode` does after its lookup (the descales passed per
     call share the planned views' data pointers; their strides are the plan's)."""
     key = (layout, scale, causal, tuple(window), softcap, seqlens_tensor, seqlen_new, config,
-           return_partials, q.device, tensor_key(q, k_cache, v_cache, *indices, *descales))
+           return_partials, write_lse, q.device,
+           tensor_key(q, k_cache, v_cache, *indices, *descales))
     return _PLANS.get(key, lambda: _DecodePlan(
         q, k_cache, v_cache, layout=layout, scale=scale, causal=causal, window=window,
         softcap=softcap, seqlens_tensor=seqlens_tensor, seqlen_new=seqlen_new,
-        indices=indices, config=config, return_partials=return_partials, descales=descales))
+        indices=indices, config=config, return_partials=return_partials, descales=descales,
+        write_lse=write_lse))
 
 
 # Decode plans by call signature (kernels/_launch.PlanCache); each keeps its launches
 # per split count.
 _PLANS = PlanCache()
 _SPLIT = DirectLauncher(_split_kv_decode)
-_COMBINE = DirectLauncher(_combine_partials)
+# Elements per thread of the merge's [rows, splits, d] tile (_merge_splits): the main
+# loop's registers are free by then.
+MERGE_ELEMENTS_PER_THREAD = 64
+MAX_LSE_CHUNK = 64
+
+
+def merge_chunks(block_m: int, head_dim_pad: int, num_warps: int, num_splits: int) -> dict:
+    """The merge's splits per step (constexprs of :func:`_split_kv_decode`): LSEs up to
+    64 at a time, O rows as many as keep its tile at ``MERGE_ELEMENTS_PER_THREAD``."""
+    splits = triton.next_power_of_2(num_splits)
+    fit = max(1, MERGE_ELEMENTS_PER_THREAD * 32 * num_warps // (block_m * head_dim_pad))
+    return dict(LSE_CHUNK=min(MAX_LSE_CHUNK, splits),
+                O_CHUNK=min(splits, triton.next_power_of_2(fit + 1) // 2))
 
 
 class _DecodePlan:
     """What one call signature (sizes, strides, dtypes, alignment, which index tensors,
     options) fixes: tiles, strides, grids, the launches' constant arguments.  A call
     only picks the split count (memoised arithmetic), allocates its outputs and
-    launches: no tensor's values are read."""
+    launches once: no tensor's values are read.  A split launch's programs count their
+    arrivals per row block in an int32 buffer that the last one returns to 0
+    (:meth:`_arrivals`)."""
 
     def __init__(self, q, k_cache, v_cache, *, layout, scale, causal, window, softcap,
                  seqlens_tensor, seqlen_new, indices, config, return_partials,
-                 descales) -> None:
+                 descales, write_lse) -> None:
         cache_batch_idx, cache_leftpad, block_table = indices
         k_descale, v_descale = descales
         descaled = k_descale is not None
@@ -475,6 +525,7 @@ class _DecodePlan:
         self.batch, self.seqlen_q, self.num_heads, self.head_dim = batch, seqlen_q, num_heads, head_dim
         self.num_kv_heads, self.capacity, self.seqlen_new = num_kv_heads, capacity, seqlen_new
         self.seqlens_tensor, self.return_partials = seqlens_tensor, return_partials
+        self.write_lse = write_lse
         self.dtype, self.device = q.dtype, q.device
         self.sms = dispatch.sm_count(q.device)
         self.out_shape = lay.shape(batch, seqlen_q, num_heads, head_dim)
@@ -506,9 +557,11 @@ class _DecodePlan:
             PER_PAGE=paged, DESCALED=descaled,
             ROW_SCALED_Q=descaled and q.dtype == torch.bfloat16,
             num_warps=self.config.num_warps, num_stages=self.config.num_stages)
-        self.out_strides = out_strides
-        self.head_dim_pad = head_dim_pad
-        self.launches: dict[int, tuple] = {}
+        self.block_m, self.head_dim_pad = block_m, head_dim_pad
+        self.launches: dict[int, PlannedLaunch] = {}
+        self.arrival_count = batch * num_kv_heads * self.row_blocks
+        # Per stream (kernels/_launch.current_stream): calls on one stream run in order.
+        self.arrivals: dict[int, torch.Tensor] = {}
         # Tensor cache_seqlens: the capacity bounds every length, so one count serves.
         self.capacity_splits = self._splits_for(capacity)
 
@@ -528,50 +581,69 @@ class _DecodePlan:
             kv_tiles=max(1, -(-max_seqlen_k // self.config.block_n)), sm_count=self.sms,
             ctas_per_sm=self.config.ctas_per_sm, block_n=self.config.block_n)
 
-    def _launches(self, num_splits: int) -> tuple:
-        """(split launch, combine launch or None) for ``num_splits``."""
+    def _launch(self, num_splits: int) -> PlannedLaunch:
+        """The split launch for ``num_splits`` (with more than one, its last program per
+        row block merges the partials)."""
         write_partial = num_splits > 1 or self.return_partials
-        split = PlannedLaunch(
+        launch = PlannedLaunch(
             _SPLIT, (self.batch * self.num_kv_heads, num_splits, self.row_blocks),
             (*self.split_static, num_splits, *self.split_tail),
-            dict(self.split_meta, WRITE_PARTIAL=write_partial))
-        combine = None
-        if write_partial:
-            combine = PlannedLaunch(
-                _COMBINE, (self.batch * self.seqlen_q * self.num_heads,),
-                (*self.out_strides, self.num_heads, self.seqlen_q, num_splits),
-                dict(HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
-                     BLOCK_S=min(16, triton.next_power_of_2(num_splits)), num_warps=2,
-                     num_stages=1))
-        self.launches[num_splits] = split, combine
-        return split, combine
+            dict(self.split_meta, WRITE_PARTIAL=write_partial, WRITE_LSE=self.write_lse,
+                 **merge_chunks(self.block_m, self.head_dim_pad, self.config.num_warps,
+                                num_splits)))
+        self.launches[num_splits] = launch
+        return launch
+
+    def _arrivals(self) -> torch.Tensor:
+        """The arrival counters for a launch on the current stream, all 0.
+
+        Each stream keeps its own (launches on one stream run one after another; the
+        last program of a row block leaves its counter at 0).  Under CUDA-graph capture
+        the call gets new ones, zeroed by a node of the graph: a kept buffer made there
+        would hold garbage outside the graph, and one shared with eager calls or other
+        graphs could be raced by a replay on another stream."""
+        if self.device.type != "cuda":
+            stream = 0
+        elif torch.cuda.is_current_stream_capturing():
+            return torch.zeros(self.arrival_count, dtype=torch.int32, device=self.device)
+        else:
+            stream = current_stream()
+        counters = self.arrivals.get(stream)
+        if counters is None:
+            counters = self.arrivals[stream] = torch.zeros(
+                self.arrival_count, dtype=torch.int32, device=self.device)
+        return counters
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                  block_table, *, cache_seqlen: int, num_splits: int, max_seqlen_k,
                  descales=(None, None)):
         num_splits = self.splits(num_splits, cache_seqlen, max_seqlen_k)
-        split, combine = self.launches.get(num_splits) or self._launches(num_splits)
+        launch = self.launches.get(num_splits) or self._launch(num_splits)
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
-        if combine is not None:
-            rows = (self.batch, self.seqlen_q, self.num_heads, num_splits)
-            o_part = torch.empty((*rows, self.head_dim), dtype=torch.float32, device=self.device)
-            lse_part = torch.empty(rows, dtype=torch.float32, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) \
+            if self.write_lse else None
+        # Any valid pointer, for arguments a constexpr switch turns off.
+        unused = out
+        if num_splits > 1 or self.return_partials:
+            # One fp32 buffer: every split's O rows, then their LSEs (the kernel finds them).
+            slots = self.batch * self.seqlen_q * self.num_heads * num_splits
+            partials = torch.empty(slots * (self.head_dim + 1), dtype=torch.float32,
+                                   device=self.device)
+            arrivals = self._arrivals()
         else:
-            o_part = lse_part = lse  # never touched: WRITE_PARTIAL is off
-        unused = lse  # a valid pointer for arguments a constexpr switch turns off
-        split(q, k_cache, v_cache, o_part, lse_part, out, lse,
-              unused if cache_seqlens is None else cache_seqlens,
-              unused if cache_batch_idx is None else cache_batch_idx,
-              unused if cache_leftpad is None else cache_leftpad,
-              unused if block_table is None else block_table,
-              unused if self.errors is None else self.errors,
-              unused if descales[0] is None else descales[0],
-              unused if descales[1] is None else descales[1], cache_seqlen)
-        if combine is not None:
-            combine(o_part, lse_part, out, lse)
+            partials = arrivals = unused
+        launch(q, k_cache, v_cache, partials, out, unused if lse is None else lse,
+               unused if cache_seqlens is None else cache_seqlens,
+               unused if cache_batch_idx is None else cache_batch_idx,
+               unused if cache_leftpad is None else cache_leftpad,
+               unused if block_table is None else block_table,
+               unused if self.errors is None else self.errors, arrivals,
+               unused if descales[0] is None else descales[0],
+               unused if descales[1] is None else descales[1], cache_seqlen)
         if self.return_partials:
-            return out, lse, (o_part, lse_part)
+            rows = (self.batch, self.seqlen_q, self.num_heads, num_splits)
+            o_part = partials[:slots * self.head_dim].view(*rows, self.head_dim)
+            return out, lse, (o_part, partials[slots * self.head_dim:].view(rows))
         return out, lse
 
 
@@ -595,7 +667,8 @@ def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, s
     return {"num_splits": num_splits, "programs": programs, "block_m": block_m,
             "block_n": config.block_n, "row_blocks": row_blocks, "sm_count": sm_count,
             "programs_per_sm": programs / sm_count,
-            "combine_programs": batch * seqlen_q * query_heads if num_splits > 1 else 0}
+            # the last split of each row block merges its rows (no second launch)
+            "merging_programs": batch * kv_heads * row_blocks if num_splits > 1 else 0}
 
 
 # ---------------------------------------------------------------------------
@@ -603,14 +676,18 @@ def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, s
 # ---------------------------------------------------------------------------
 
 def compile_for_sm90(head_dim: int, config: DecodeConfig, *, page_size: int = 0,
-                     dtype: str = "bf16", group_size: int = 4, seqlen_q: int = 1):
+                     dtype: str = "bf16", group_size: int = 4, seqlen_q: int = 1,
+                     num_splits: int = 16):
     """The split-KV kernel as a call of ``seqlen_q`` new tokens on a bf16/fp16 cache
-    (tensor cache_seqlens, causal, contiguous or paged with ``page_size``) compiles it for
-    sm_90a, here, without a GPU (``kernels/_aot``)."""
+    (tensor cache_seqlens, causal, contiguous or paged with ``page_size``, ``num_splits``
+    merged in the launch) compiles it for sm_90a, here, without a GPU (``kernels/_aot``)."""
+    block_m = packed_block_m(group_size, seqlen_q)
     return compile_triton(_split_kv_decode, dtype, dict(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_padded(head_dim),
-        BLOCK_M=packed_block_m(group_size, seqlen_q), BLOCK_N=config.block_n,
+        BLOCK_M=block_m, BLOCK_N=config.block_n,
         PAGE_SIZE=page_size, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
         HAS_LEFT=False, HAS_RIGHT=seqlen_q > 1, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
-        UPCAST_DOT=False, PER_PAGE=page_size > 0, DESCALED=False, ROW_SCALED_Q=False),
+        UPCAST_DOT=False, PER_PAGE=page_size > 0, DESCALED=False, ROW_SCALED_Q=False,
+        WRITE_LSE=False, **merge_chunks(block_m, head_dim_padded(head_dim), config.num_warps,
+                                        num_splits)),
         num_warps=config.num_warps, num_stages=config.num_stages)

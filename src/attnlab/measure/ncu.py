@@ -97,10 +97,14 @@ def find_ncu() -> str | None:
 
 
 def profile_command(ncu: str, report: str | Path, target: Sequence[str],
-                    metrics: Iterable[str] = tuple(METRICS)) -> list[str]:
-    """Profile ``target`` between cudaProfilerStart/Stop; clocks untouched; caches flushed."""
+                    metrics: Iterable[str] = tuple(METRICS),
+                    section_set: str | None = None) -> list[str]:
+    """Profile ``target`` between cudaProfilerStart/Stop; clocks untouched; caches flushed.
+    ``section_set`` (e.g. "full"): ncu's own set of sections, every metric they hold
+    (pipe utilisation, shared-memory wavefronts, stall reasons), on top of ``metrics``."""
+    sections = ["--set", section_set] if section_set else []
     return [ncu, "--profile-from-start", "off", "--clock-control", "none",
-            "--cache-control", "all", "--target-processes", "all", "--nvtx",
+            "--cache-control", "all", "--target-processes", "all", "--nvtx", *sections,
             "--metrics", ",".join(metrics), "--export", str(report), "--force-overwrite",
             *target]
 
@@ -473,7 +477,7 @@ def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
 def run_ncu(cases: Sequence[tuple[str, str, AttentionShape]], out_dir: str | Path, *,
             ncu: str | None = None, metrics: Sequence[str] = tuple(METRICS),
             timeout_s: float = 600.0, python: str = sys.executable,
-            device: str = "cuda",
+            device: str = "cuda", section_set: str | None = None,
             kernel_counts: Callable[[str, AttentionShape], int | None] | None = None) -> NcuRun:
     """Profile (provider, phase, shape) cases in one ncu session; parse and save its CSVs.
 
@@ -481,7 +485,9 @@ def run_ncu(cases: Sequence[tuple[str, str, AttentionShape]], out_dir: str | Pat
     orchestration with a stand-in for ncu).  ``kernel_counts(provider, shape)``: how
     many kernels a case launches (None: unknown), used only when ncu gives no NVTX
     names, to assign kernels to cases by launch order
-    (:func:`attnlab.measure.compare.predicted_kernel_count` is the cache model's)."""
+    (:func:`attnlab.measure.compare.predicted_kernel_count` is the cache model's).
+    ``section_set``: also ncu's named section set (:func:`profile_command`); the raw CSV
+    saved beside the parsed one then holds every metric it collected."""
     ncu = ncu or find_ncu()
     if ncu is None:
         raise RuntimeError("ncu (Nsight Compute) is not on PATH, in $NCU or in /usr/local/cuda/bin")
@@ -494,14 +500,14 @@ def run_ncu(cases: Sequence[tuple[str, str, AttentionShape]], out_dir: str | Pat
     report = out_dir / "ncu_report"
     target = [python, "-m", "attnlab.measure.ncu", str(cases_path), str(status_path)]
     notes: list[str] = []
-    command = profile_command(ncu, report, target, metrics)
+    command = profile_command(ncu, report, target, metrics, section_set)
     done = _run(command, timeout_s)
     if done.returncode != 0 and tuple(metrics) != CORE_METRICS and "metric" in (
             done.stdout + done.stderr).lower():
         notes.append("ncu rejected the full metric list; measured the core set only: "
                      + (done.stdout + done.stderr).strip().splitlines()[-1][:300])
         metrics = CORE_METRICS
-        command = profile_command(ncu, report, target, metrics)
+        command = profile_command(ncu, report, target, metrics, section_set)
         done = _run(command, timeout_s)
     log = (done.stdout + "\n" + done.stderr).strip()
     (out_dir / "ncu_log.txt").write_text(shlex.join(command) + "\n\n" + log + "\n",
