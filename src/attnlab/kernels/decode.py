@@ -356,26 +356,27 @@ def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
 
     # Pass 2: weights exp(lse_s - base), O_CHUNK splits' rows per step (a [rows, splits,
     # d] tile sized to the registers the finished main loop left).  A split with LSE =
-    # -inf weighs 0 and its O is not read -- unless no split has a finite LSE: then O is
+    # -inf weighs 0 and its O is dropped -- unless no split has a finite LSE: then O is
     # the sum of the splits' O, 0 where the row sees no key and NaN where every key it
     # sees scored -inf (0/0, as softmax over the whole row gives).  A NaN LSE (the max
-    # drops it) weighs NaN and its (NaN) O is read: the row comes out NaN, never dropped.
+    # drops it) weighs NaN and its (NaN) O is kept: the row comes out NaN, never dropped.
+    # O is loaded whatever its weight (then selected), so a step's O and LSE loads do not
+    # wait on each other: one L2 round trip per step, not two.
     offs_c = tl.arange(0, O_CHUNK)
     d_mask = offs_d[None, None, :] < HEAD_DIM
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     for s0 in range(0, num_splits, O_CHUNK):
         in_range = row_valid[:, None] & (s0 + offs_c[None, :] < num_splits)
+        slots = row[:, None] * num_splits + s0 + offs_c[None, :]
         lse = tl.load(lse_rows[:, None] + s0 + offs_c[None, :], mask=in_range,
                       other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(O_PART + slots[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                    mask=in_range[:, :, None] & d_mask, other=0.0, cache_modifier=".cg")
         weight = tl.exp(lse - base[:, None])
         o_weight = tl.where(all_empty[:, None], 1.0, weight)
-        used = in_range & (o_weight != 0.0)
-        slots = row[:, None] * num_splits + s0 + offs_c[None, :]
-        o = tl.load(O_PART + slots[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                    mask=used[:, :, None] & d_mask, other=0.0, cache_modifier=".cg")
         total += tl.sum(weight, 1)
-        acc += tl.sum(o_weight[:, :, None] * o, 1)
+        acc += tl.sum(tl.where((o_weight != 0.0)[:, :, None], o_weight[:, :, None] * o, 0.0), 1)
     no_key = total == 0.0
     sum_safe = tl.where(no_key, 1.0, total)
     out = acc / sum_safe[:, None]
