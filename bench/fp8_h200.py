@@ -67,7 +67,7 @@ from attnlab.shapes import AttentionShape
 
 DECODE_HEADS = ((32, 8, 128), (24, 4, 256))
 FP8 = torch.float8_e4m3fn
-KERNELS = ["_split_kv_decode"]
+KERNELS = ["_split_kv_decode", "_combine_partials"]
 
 bench = Bench("fp8_h200", __doc__, budget_s=115.0)
 

@@ -469,7 +469,7 @@ def test_the_fp8_ncu_phase_compares_every_kernel_it_profiled(bench_script, monke
     ctx = Context(args=argparse.Namespace(), out_dir=tmp_path, command="test", device="cpu",
                   phase="ncu", plan=fp8.ncu_cases(None), deadline=float("inf"))
     ctx.results["ncu"] = "/opt/ncu"
-    names = {"split_kv": "_split_kv_decode"}
+    names = {"split_kv": "_split_kv_decode", "combine": "_combine_partials"}
     lost = ctx.plan[-1]
     seen = []
 
@@ -506,7 +506,7 @@ def test_the_fp8_ncu_phase_compares_every_kernel_it_profiled(bench_script, monke
     assert {r["metric"] for r in records} == {"dram_bytes_read", "dram_bytes_write"}
     assert len(records) == 2 * len(measured)
     tables = (tmp_path / "cache_model_vs_ncu.md").read_text()
-    assert tables.count("| attnlab_decode_fp8 |") == 4 + 4  # 4 cases, one kernel each (1 lost)
+    assert tables.count("| attnlab_decode_fp8 |") == 4 + 5  # 4 cases, 5 kernels (1 lost)
     assert "Per kernel:" in tables and "(not measured)" in tables
     assert tables in capsys.readouterr().out
     assert ctx.failures == 1

@@ -8,6 +8,7 @@ CUDA-graph capture).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -123,15 +124,23 @@ def test_decode_equals_last_rows_of_prefill(seqlen_q, options):
 
 
 @runs_kernels
+@pytest.mark.parametrize("merge", ["in launch", "combine kernel"])
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 17, 133])
-def test_k_splits_equal_one_split_and_the_reference_split_by_split(num_splits):
+def test_k_splits_equal_one_split_and_the_reference_split_by_split(num_splits, merge):
     # 239 keys: 8 tiles of 32 on the CPU, so 17 and 133 splits leave most splits empty.
+    # The partials are merged by the split launch's last program per row block, or (past
+    # DecodeConfig.merge_bytes) by the combine kernel.
+    from attnlab.kernels.configs import INTERPRETER_DECODE_CONFIG
+
     heads, kv_heads, dim, seqlen_k = 4, 1, 32, 239
     q, k, v = randn(1, 2, heads, dim, seed=4), randn(1, seqlen_k, kv_heads, dim, seed=5), \
         randn(1, seqlen_k, kv_heads, dim, seed=6)
     scale = 1 / math.sqrt(dim)
+    config = dataclasses.replace(INTERPRETER_DECODE_CONFIG,
+                                 merge_bytes=0 if merge == "combine kernel" else 1 << 30)
     out, lse, (o_part, lse_part) = flash_decode(q, k, v, scale=scale, causal=True,
-                                                num_splits=num_splits, return_partials=True)
+                                                num_splits=num_splits, return_partials=True,
+                                                config=config)
     one, one_lse = flash_decode(q, k, v, scale=scale, causal=True, num_splits=1)
     states = split_kv(*(to_bhsd(t).double().cpu() for t in (q, k, v)), num_splits=num_splits,
                       causal=True, scale=scale, block_n=BLOCK_N)
@@ -151,9 +160,9 @@ def test_k_splits_equal_one_split_and_the_reference_split_by_split(num_splits):
 
 @runs_kernels
 def test_the_last_split_merges_and_leaves_the_arrival_counters_at_zero():
-    """One launch per call: every split counts its arrival, the last of a row block merges
-    and returns the counter to 0, so the next call on the stream starts clean; a call
-    without the LSE writes the same output."""
+    """Small merges happen in the split launch: every split counts its arrival, the last
+    of a row block merges and returns the counter to 0, so the next call on the stream
+    starts clean; a call without the LSE writes the same output."""
     from attnlab.kernels.decode import decode_plan
 
     q, k, v = randn(2, 3, 8, 32, seed=7), randn(2, 239, 2, 32, seed=8), \
@@ -515,7 +524,7 @@ import json, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from attnlab.kernels.append import _rotary_append
-from attnlab.kernels.decode import _split_kv_decode
+from attnlab.kernels.decode import _combine_partials, _split_kv_decode
 from attnlab.kernels.forward import _attn_fwd
 TYPES = dict(O_PART="*fp32", ARRIVALS="*i32", LSE_OUT="*fp32", ERRORS="*i64", COS="*fp32",
              SIN="*fp32", CACHE_SEQLENS="*i32", CACHE_BATCH_IDX="*i32", CACHE_LEFTPAD="*i32",
@@ -544,8 +553,11 @@ for page, d, block_n, batch_idx, per_page, fp8 in (
         HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=16, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_SEQLENS=True, HAS_BATCH_IDX=batch_idx, HAS_LEFTPAD=batch_idx, HAS_LEFT=False,
         HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
-        PER_PAGE=per_page, DESCALED=fp8, ROW_SCALED_Q=fp8, WRITE_LSE=not fp8, LSE_CHUNK=16,
-        O_CHUNK=2 if d == 256 else 4), 4, 3, FP8_CACHE if fp8 else ()))
+        PER_PAGE=per_page, DESCALED=fp8, ROW_SCALED_Q=fp8, WRITE_LSE=not fp8,
+        MERGE_IN_LAUNCH=page != 256, LSE_CHUNK=16, O_CHUNK=2 if d == 256 else 4), 4, 3,
+        FP8_CACHE if fp8 else ()))
+built.append(build(_combine_partials, dict(ROWS=1, HEAD_DIM=128, HEAD_DIM_PAD=128, LSE_CHUNK=64,
+                                           O_CHUNK=32, WRITE_LSE=True), 2, 1))
 for page, half, batch_idx, fp8 in ((0, 32, False, False), (16, 64, False, False),
                                    (0, 0, True, False), (16, 64, False, True)):
     built.append(build(_rotary_append, dict(
@@ -567,10 +579,10 @@ print(json.dumps(built))
 @pytest.mark.slow
 def test_the_serving_kernels_build_for_sm90(json_from_fresh_python):
     """The interpreter runs what ptxas may refuse (loop-carried flags, scalar atomics):
-    the split kernel (which merges its splits) and the append kernel and the paged
-    varlen forward compile for sm_90a here, without a GPU (an fp8 cache's split and
-    append kernels too)."""
-    assert json_from_fresh_python(SM90_BUILD) == [True] * 11
+    the split kernel (merging its splits itself, or not), the combine, the append
+    kernel and the paged varlen forward compile for sm_90a here, without a GPU (an fp8
+    cache's split and append kernels too)."""
+    assert json_from_fresh_python(SM90_BUILD) == [True] * 12
 
 
 # ----- merge_state / merge_states ----------------------------------------------------------

@@ -549,7 +549,7 @@ cache = build(_split_kv_decode, {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv",
                    PAGE_SIZE=0, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
                    HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
                    UPCAST_DOT=False, PER_PAGE=False, DESCALED=True, ROW_SCALED_Q=True,
-                   WRITE_LSE=False, LSE_CHUNK=16, O_CHUNK=4), decode)
+                   WRITE_LSE=False, MERGE_IN_LAUNCH=True, LSE_CHUNK=16, O_CHUNK=4), decode)
 print(json.dumps({"keys_contiguous": keys_contiguous, "d_contiguous": d_contiguous,
                   "decode": cache}))
 """

@@ -179,6 +179,11 @@ def test_fp8_decode_prediction_by_hand():
     assert split.written_bytes == 14 * 32 * (128 * 4 + 4) + 32 * 128 * 2 + 32 * 4
     (no_lse,) = cm.predict_attnlab_decode(shape.replace(batch=1), 14, writes_lse=False)
     assert bf16_split.written_bytes - no_lse.written_bytes == 32 * 4
+    # A merge past DecodeConfig.merge_bytes: the combine kernel reads the partials back.
+    split, combine = cm.predict_attnlab_decode(shape.replace(batch=1), 14,
+                                               merges_in_launch=False)
+    assert split.written_bytes == combine.read_bytes == 14 * 32 * (128 * 4 + 4)
+    assert combine.written_bytes == 32 * 128 * 2 + 32 * 4
     with pytest.raises(ValueError, match="kv_scales must be one of tensor, kv-head"):
         cm.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="row")
 
@@ -216,6 +221,11 @@ def test_the_fp8_decode_provider_is_predicted_at_its_own_launch():
     assert decode_launch("attnlab_decode_fp8", shape) == (2, {"kv_dtype": "fp8",
                                                                "kv_scales": "kv-head"})
     assert decode_launch("eager", shape) is None
+    # The seed's d = 256 layer at batch 1 x 32k: 57 splits of 6 rows of 256, a merge past
+    # DecodeConfig.merge_bytes, so a combine kernel merges them.
+    seed = shape.replace(batch=1, query_heads=24, kv_heads=4, head_dim=256)
+    assert decode_launch("attnlab_decode", seed)[1] == {"merges_in_launch": False}
+    assert [k.role for k in predict("attnlab_decode", seed)] == ["split_kv", "combine"]
     (bf16,) = predict("attnlab_decode", shape)
     assert bf16.read_bytes == q + 2 * kv_fp8 and predict("attnlab", shape) == [bf16]
     (split,) = predict("attnlab_decode_fp8", shape)

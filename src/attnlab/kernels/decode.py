@@ -12,11 +12,13 @@ contiguous runs of key tiles and each run is its own program:
   so every K/V byte is read once per KV head, not once per query head.  It runs
   the FA-2 loop over its run of tiles and writes a normalised fp32 partial output
   and its natural-log LSE (or, with one split, the final output directly);
-* **merge** (:func:`_merge_splits`): the last program of a row block to finish (an
-  arrival counter per row block, atomically incremented after its partials are
-  stored) merges every split's partials, ``o = sum_s exp(lse_s - lse) o_s``, ``lse =
-  log sum_s exp(lse_s)``, and writes the output: one launch per call, where a
-  separate combine kernel cost ~5 us of a batch-1 4k call's ~16 (bench/NOTES.md S19).
+* **merge** (:func:`_merge_splits`), ``o = sum_s exp(lse_s - lse) o_s``, ``lse = log
+  sum_s exp(lse_s)``: where a row block's partials are small (``DecodeConfig.merge_bytes``),
+  the last program of the block to finish (an arrival counter per row block,
+  atomically incremented after its partials are stored) merges them in the same launch
+  -- a separate combine kernel cost ~5 us of a batch-1 4k call's ~16 (bench/NOTES.md
+  S19); larger merges (many splits of wide rows, which one SM would read alone) run
+  in a combine kernel (:func:`_combine_partials`), one program per output row.
 
 The split rule is the reference's (:func:`attnlab.reference.split_kv`): a sequence
 of ``kv_tiles`` tiles gives every split ``ceil(kv_tiles / num_splits)`` tiles, so
@@ -162,7 +164,7 @@ def _split_kv_decode(
     # pointers
     Q, K, V, O_PART, OUT, LSE_OUT,
     CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE, ERRORS,
-    ARRIVALS,  # (batch * kv_heads * row blocks,) int32, 0 between launches (WRITE_PARTIAL)
+    ARRIVALS,  # (batch * kv_heads * row blocks,) int32, 0 between launches (MERGE_IN_LAUNCH)
     K_DESCALE, V_DESCALE,  # an fp8 cache's (batch, kv_heads) fp32 factors (DESCALED)
     # the call's int cache_seqlens (unused with the tensor)
     cache_seqlen,
@@ -186,7 +188,7 @@ def _split_kv_decode(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr,
     DESCALED: tl.constexpr, ROW_SCALED_Q: tl.constexpr, WRITE_LSE: tl.constexpr,
-    LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr,
+    MERGE_IN_LAUNCH: tl.constexpr, LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -292,6 +294,9 @@ def _split_kv_decode(
         out = out * tl.load(V_DESCALE + off_b * stride_vdb + off_hk * stride_vdh)
     out = tl.where(bad != 0, float("nan"), out)
     lse = tl.where(bad != 0, float("nan"), lse)
+    # Where this program's rows go: O (the output's layout) and LSE (batch, heads, seqlen_q).
+    o_rows = off_b.to(tl.int64) * stride_ob + offs_m * stride_om + offs_h * stride_oh
+    lse_rows = (off_b.to(tl.int64) * num_heads + offs_h) * seqlen_q + offs_m
     if WRITE_PARTIAL:
         # Partials are (batch, seqlen_q, heads, num_splits, head_dim) fp32, then the LSEs
         # (batch, seqlen_q, heads, num_splits): one buffer, one allocation per call.
@@ -301,37 +306,35 @@ def _split_kv_decode(
         slot = row * num_splits + split
         tl.store(O_PART + slot[:, None] * HEAD_DIM + offs_d[None, :], out, mask=q_mask)
         tl.store(LSE_PART + slot, lse, mask=row_valid)
-        # The last split of these rows to finish merges every split's partials: no second
-        # launch (the combine kernel was ~5 of a batch-1 4k call's ~16 us, NOTES S19).
-        # CUTLASS's arrival pattern: a barrier orders every thread's stores before one
-        # thread's release; its acquire orders the merge's loads after the other splits'.
-        tl.debug_barrier()
-        counter = ARRIVALS + pid_bh * tl.num_programs(2) + pid_m
-        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
-            # Back to 0 for the next launch on this stream (kernel boundaries order it).
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-            out, lse = _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
-                                     BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, LSE_CHUNK, O_CHUNK)
-            _store_rows(OUT, LSE_OUT, out, lse, off_b, offs_m, offs_h, offs_d, q_mask,
-                        row_valid, stride_ob, stride_om, stride_oh, num_heads, seqlen_q,
-                        WRITE_LSE)
+        if MERGE_IN_LAUNCH:
+            # The last split of these rows to finish merges every split's partials: no
+            # combine launch (which took ~5 of a batch-1 4k call's ~16 us, NOTES S19).
+            # CUTLASS's arrival pattern: a barrier orders every thread's stores before
+            # one thread's release; its acquire orders the merge's loads after the other
+            # splits' stores.
+            tl.debug_barrier()
+            counter = ARRIVALS + pid_bh * tl.num_programs(2) + pid_m
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                # Back to 0 for the next launch on this stream (kernel boundaries order it).
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+                out, lse = _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
+                                         BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, LSE_CHUNK, O_CHUNK)
+                _store_rows(OUT, LSE_OUT, out, lse, o_rows, lse_rows, offs_d, q_mask,
+                            row_valid, WRITE_LSE)
     else:
-        _store_rows(OUT, LSE_OUT, out, lse, off_b, offs_m, offs_h, offs_d, q_mask, row_valid,
-                    stride_ob, stride_om, stride_oh, num_heads, seqlen_q, WRITE_LSE)
+        _store_rows(OUT, LSE_OUT, out, lse, o_rows, lse_rows, offs_d, q_mask, row_valid,
+                    WRITE_LSE)
 
 
 @triton.jit
-def _store_rows(OUT, LSE_OUT, out, lse, off_b, offs_m, offs_h, offs_d, q_mask, row_valid,
-                stride_ob, stride_om, stride_oh, num_heads, seqlen_q, WRITE_LSE: tl.constexpr):
-    """A program's final rows: O in the output's dtype and layout, LSE (batch, heads,
-    seqlen_q) fp32 where the caller asked for it."""
-    o_ptrs = (OUT + off_b.to(tl.int64) * stride_ob + offs_m[:, None] * stride_om
-              + offs_h[:, None] * stride_oh + offs_d[None, :])
-    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=q_mask)
+def _store_rows(OUT, LSE_OUT, out, lse, o_rows, lse_rows, offs_d, mask, row_valid,
+                WRITE_LSE: tl.constexpr):
+    """Final rows: O in the output's dtype at element offsets ``o_rows``, the LSE (fp32)
+    at ``lse_rows`` where the caller asked for it."""
+    tl.store(OUT + o_rows[:, None] + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=mask)
     if WRITE_LSE:
-        lse_ptrs = LSE_OUT + (off_b.to(tl.int64) * num_heads + offs_h) * seqlen_q + offs_m
-        tl.store(lse_ptrs, lse, mask=row_valid)
+        tl.store(LSE_OUT + lse_rows, lse, mask=row_valid)
 
 
 @triton.jit
@@ -382,6 +385,36 @@ def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
     out = acc / sum_safe[:, None]
     lse_out = tl.where(no_key, float("-inf"), base + tl.log(sum_safe))
     return out, lse_out
+
+
+@triton.jit(do_not_specialize=["num_heads", "seqlen_q", "num_splits", "total_rows"])
+def _combine_partials(
+    # pointers: the split kernel's partials buffer, the output and its LSE
+    O_PART, OUT, LSE_OUT,
+    # strides of OUT (batch, seq, head)
+    stride_ob, stride_om, stride_oh,
+    # sizes
+    num_heads, seqlen_q, num_splits, total_rows,
+    # meta-parameters
+    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    """``ROWS`` output rows (batch, query, head) per program: the merge of their splits'
+    partials, for merges too large for one program of the split launch (many splits of
+    wide rows: ``DecodeConfig.merge_bytes``), spread over as many programs as rows."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_valid = row < total_rows
+    off_h = row % num_heads
+    off_m = (row // num_heads) % seqlen_q
+    off_b = row // (num_heads * seqlen_q)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    LSE_PART = O_PART + total_rows * num_splits * HEAD_DIM
+    out, lse = _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits, ROWS,
+                             HEAD_DIM, HEAD_DIM_PAD, LSE_CHUNK, O_CHUNK)
+    mask = row_valid[:, None] & (offs_d[None, :] < HEAD_DIM)
+    _store_rows(OUT, LSE_OUT, out, lse, off_b * stride_ob + off_m * stride_om + off_h * stride_oh,
+                (off_b * num_heads + off_h) * seqlen_q + off_m, offs_d, mask, row_valid,
+                WRITE_LSE)
 
 
 # ---------------------------------------------------------------------------
@@ -475,10 +508,18 @@ def decode_plan(q, k_cache, v_cache, *, scale: float, causal: bool = False,
 # per split count.
 _PLANS = PlanCache()
 _SPLIT = DirectLauncher(_split_kv_decode)
+_COMBINE = DirectLauncher(_combine_partials)
 # Elements per thread of the merge's [rows, splits, d] tile (_merge_splits): the main
 # loop's registers are free by then.
 MERGE_ELEMENTS_PER_THREAD = 64
 MAX_LSE_CHUNK = 64
+
+
+def merges_in_launch(config: DecodeConfig, num_splits: int, rows_per_block: int,
+                     head_dim: int) -> bool:
+    """Whether a split launch merges its own partials (else a combine kernel does): the
+    partial O bytes one row block's merge reads within ``config.merge_bytes``."""
+    return num_splits * rows_per_block * head_dim * 4 <= config.merge_bytes
 
 
 def merge_chunks(block_m: int, head_dim_pad: int, num_warps: int, num_splits: int) -> dict:
@@ -558,7 +599,8 @@ class _DecodePlan:
             PER_PAGE=paged, DESCALED=descaled,
             ROW_SCALED_Q=descaled and q.dtype == torch.bfloat16,
             num_warps=self.config.num_warps, num_stages=self.config.num_stages)
-        self.block_m, self.head_dim_pad = block_m, head_dim_pad
+        self.block_m, self.head_dim_pad, self.group_size = block_m, head_dim_pad, group_size
+        self.out_strides = out_strides
         self.launches: dict[int, PlannedLaunch] = {}
         self.arrival_count = batch * num_kv_heads * self.row_blocks
         # Per stream (kernels/_launch.current_stream): calls on one stream run in order.
@@ -582,18 +624,32 @@ class _DecodePlan:
             kv_tiles=max(1, -(-max_seqlen_k // self.config.block_n)), sm_count=self.sms,
             ctas_per_sm=self.config.ctas_per_sm, block_n=self.config.block_n)
 
-    def _launch(self, num_splits: int) -> PlannedLaunch:
-        """The split launch for ``num_splits`` (with more than one, its last program per
-        row block merges the partials)."""
+    def _launch(self, num_splits: int) -> tuple:
+        """(split launch, combine launch or None) for ``num_splits``: with one split the
+        kernel writes the output; with more, its last program per row block merges the
+        partials, or a combine kernel does (:func:`merges_in_launch`)."""
         write_partial = num_splits > 1 or self.return_partials
-        launch = PlannedLaunch(
+        in_launch = write_partial and merges_in_launch(
+            self.config, num_splits, min(self.block_m, self.group_size * self.seqlen_q),
+            self.head_dim)
+        split = PlannedLaunch(
             _SPLIT, (self.batch * self.num_kv_heads, num_splits, self.row_blocks),
             (*self.split_static, num_splits, *self.split_tail),
             dict(self.split_meta, WRITE_PARTIAL=write_partial, WRITE_LSE=self.write_lse,
+                 MERGE_IN_LAUNCH=in_launch,
                  **merge_chunks(self.block_m, self.head_dim_pad, self.config.num_warps,
                                 num_splits)))
-        self.launches[num_splits] = launch
-        return launch
+        combine = None
+        if write_partial and not in_launch:
+            rows = self.batch * self.seqlen_q * self.num_heads
+            combine = PlannedLaunch(
+                _COMBINE, (rows,),
+                (*self.out_strides, self.num_heads, self.seqlen_q, num_splits, rows),
+                dict(ROWS=1, HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
+                     WRITE_LSE=self.write_lse, num_warps=2, num_stages=1,
+                     **merge_chunks(1, self.head_dim_pad, 2, num_splits)))
+        self.launches[num_splits] = split, combine
+        return split, combine
 
     def _arrivals(self) -> torch.Tensor:
         """The arrival counters for a launch on the current stream, all 0.
@@ -619,7 +675,7 @@ class _DecodePlan:
                  block_table, *, cache_seqlen: int, num_splits: int, max_seqlen_k,
                  descales=(None, None)):
         num_splits = self.splits(num_splits, cache_seqlen, max_seqlen_k)
-        launch = self.launches.get(num_splits) or self._launch(num_splits)
+        split, combine = self.launches.get(num_splits) or self._launch(num_splits)
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) \
             if self.write_lse else None
@@ -630,10 +686,11 @@ class _DecodePlan:
             slots = self.batch * self.seqlen_q * self.num_heads * num_splits
             partials = torch.empty(slots * (self.head_dim + 1), dtype=torch.float32,
                                    device=self.device)
-            arrivals = self._arrivals()
+            arrivals = unused if combine is not None else self._arrivals()
         else:
             partials = arrivals = unused
-        launch(q, k_cache, v_cache, partials, out, unused if lse is None else lse,
+        lse_out = unused if lse is None else lse
+        split(q, k_cache, v_cache, partials, out, lse_out,
                unused if cache_seqlens is None else cache_seqlens,
                unused if cache_batch_idx is None else cache_batch_idx,
                unused if cache_leftpad is None else cache_leftpad,
@@ -641,6 +698,8 @@ class _DecodePlan:
                unused if self.errors is None else self.errors, arrivals,
                unused if descales[0] is None else descales[0],
                unused if descales[1] is None else descales[1], cache_seqlen)
+        if combine is not None:
+            combine(partials, out, lse_out)
         if self.return_partials:
             rows = (self.batch, self.seqlen_q, self.num_heads, num_splits)
             o_part = partials[:slots * self.head_dim].view(*rows, self.head_dim)
@@ -668,8 +727,10 @@ def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, s
     return {"num_splits": num_splits, "programs": programs, "block_m": block_m,
             "block_n": config.block_n, "row_blocks": row_blocks, "sm_count": sm_count,
             "programs_per_sm": programs / sm_count,
-            # the last split of each row block merges its rows (no second launch)
-            "merging_programs": batch * kv_heads * row_blocks if num_splits > 1 else 0}
+            # where the splits' partials are merged: the launch itself, or a combine kernel
+            "merge": "none" if num_splits == 1 else "in launch" if merges_in_launch(
+                config, num_splits, min(block_m, group_size * seqlen_q), head_dim)
+            else "combine kernel"}
 
 
 # ---------------------------------------------------------------------------
@@ -689,6 +750,6 @@ def compile_for_sm90(head_dim: int, config: DecodeConfig, *, page_size: int = 0,
         PAGE_SIZE=page_size, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
         HAS_LEFT=False, HAS_RIGHT=seqlen_q > 1, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
         UPCAST_DOT=False, PER_PAGE=page_size > 0, DESCALED=False, ROW_SCALED_Q=False,
-        WRITE_LSE=False, **merge_chunks(block_m, head_dim_padded(head_dim), config.num_warps,
-                                        num_splits)),
+        WRITE_LSE=False, MERGE_IN_LAUNCH=True,
+        **merge_chunks(block_m, head_dim_padded(head_dim), config.num_warps, num_splits)),
         num_warps=config.num_warps, num_stages=config.num_stages)

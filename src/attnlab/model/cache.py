@@ -504,12 +504,14 @@ def _gluon_one_gradient_launches(s: AttentionShape, hw: CacheHardware, dk: Fused
 def predict_attnlab_decode(shape: AttentionShape, num_splits: int,
                            hw: CacheHardware = H200, *, kv_dtype: str | None = None,
                            kv_scales: str = "tensor", page_size: int = 0,
-                           writes_lse: bool = True) -> list[PredictedKernel]:
-    """attnlab's split-KV decode: one kernel.  The query heads of a KV group are packed
-    in one program, so K/V are read once per KV head; with several splits each program
-    writes fp32 partials and the last of a row block merges them in the same launch,
-    re-reading the others' partials from L2, where they were just written.  With one
-    split the kernel writes O (and LSE) itself.  ``num_splits`` is the launcher's choice
+                           writes_lse: bool = True, merges_in_launch: bool = True
+                           ) -> list[PredictedKernel]:
+    """attnlab's split-KV decode.  The query heads of a KV group are packed in one
+    program, so K/V are read once per KV head; with several splits each program writes
+    fp32 partials, and the last of a row block merges them in the same launch,
+    re-reading the others' partials from L2, where they were just written
+    (``merges_in_launch``), or a combine kernel reads them (from DRAM: ncu flushes the
+    caches between kernels).  With one split the kernel writes O (and LSE) itself.  ``num_splits`` is the launcher's choice
     for the shape (:func:`attnlab.kernels.decode.launch_plan`, passed in by the caller).
     ``kv_dtype`` and ``kv_scales``: the cache's storage (:func:`decode_kv_bytes`); Q and
     O stay in the shape's dtype.  ``page_size`` (a paged cache): the same K/V rows,
@@ -527,6 +529,10 @@ def predict_attnlab_decode(shape: AttentionShape, num_splits: int,
     rows = s.batch * s.query_heads * s.seqlen_q
     written = q + (rows * STATS_BYTES if writes_lse else 0)
     notes = ("query heads of a KV group packed: K/V read once per KV head",)
+    if num_splits >= 2 and not merges_in_launch:
+        return predict_split_kv(s, num_splits, FusedTiling(s.seqlen_q, 0, Launch(128, 255, 0),
+                                                           writes_lse=writes_lse),
+                                hw, kv_bytes=kv)
     if num_splits >= 2:
         written += num_splits * rows * (s.head_dim * PARTIAL_BYTES + STATS_BYTES)
         notes += ("fp32 partial O and LSE per split, merged by the row block's last program "
