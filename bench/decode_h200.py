@@ -26,10 +26,6 @@ One call does everything (issue #13's grid), so a lease is spent on measurements
 7. ``flush`` (only when asked, cap 90 s): attnlab's bf16 and fp8 caches and cuDNN under
    the timer's zeroing and clean L2 flushes, at B1 x 4k / 32k, B16 x 32k and the seed's
    d = 256 B1 x 32k (decode_flush.jsonl).
-8. ``merge`` (only when asked, cap 90 s): the splits merged by the split launch's last
-   program per row block vs by the combine kernel (``DecodeConfig.merge_bytes``), with
-   cuDNN, at batch 1 x 4k / 32k / 128k and 16 x 32k, d = 128 and the seed's d = 256
-   (decode_merge.jsonl).
 
 Writes decode.jsonl (records schema, phase "decode"), decode_launch.jsonl,
 correctness.jsonl, decode_tuning.jsonl into --out; prints a table last.  A
@@ -244,7 +240,7 @@ def measure(name, fn, inputs, shape, env, *, context=None, kernel_names=(), flus
         timing = time_call(fn, [inputs], warmup=3, flush=flush, cuda_graph=False,
                            context=context, target_ms=60.0, max_repeats=100)
     # The record names what the profiler saw launch (one of ``kernel_names`` among them),
-    # not what was meant to.
+    # not what was meant to: a one-split call runs no combine.
     names = kernels_that_ran(fn, inputs, tuple(kernel_names), owner=name, context=context)
     tbps = (kv_bytes(shape) if moved is None else moved) / (timing.p50 * 1e-3) / 1e12
     record = records.make_record(
@@ -630,64 +626,6 @@ def flush_check(ctx) -> list[dict]:
         cells = [f"{row.get((name, 'l2'), float('nan')):.1f} / "
                  f"{row.get((name, 'l2_clean'), float('nan')):.1f}" for name in FLUSH_PROVIDERS]
         log(f"{row['shape']}: " + " | ".join(cells))
-    return out
-
-
-# ----- 8. where the splits are merged: in the split launch or a combine kernel --------------
-# The split launch's last program per row block merges small merges itself
-# (DecodeConfig.merge_bytes); this measures both forms at every point, with cuDNN beside.
-MERGE_POINTS = ((1, 4096, 32, 8, 128), (1, 32768, 32, 8, 128), (1, 131072, 32, 8, 128),
-                (16, 32768, 32, 8, 128), (1, 4096, 24, 4, 256), (1, 32768, 24, 4, 256),
-                (16, 32768, 24, 4, 256))
-MERGE_FORMS = (("attnlab_merge_in_launch", 1 << 40), ("attnlab_merge_kernel", 0))
-
-
-@bench.phase("merge", default=False, cap_s=90.0, plan=lambda args: one_token_points(MERGE_POINTS))
-def merge_sweep(ctx) -> list[dict]:
-    """Both merge forms (tensor cache_seqlens, no LSE asked, as the decode API calls it)
-    and cuDNN, clean L2 flush, under CUDA-graph replay."""
-    import dataclasses
-
-    env, out, rows = ctx.env, [], []
-    for shape in ctx.within_budget(ctx.plan, label=AttentionShape.describe):
-        log(f"== merge {shape.describe()}")
-        q, k, v = one_token_qkv(shape)
-        lengths = torch.full((shape.batch,), shape.seqlen_k, dtype=torch.int32, device="cuda")
-        splits = launch_plan(batch=shape.batch, kv_heads=shape.kv_heads,
-                             query_heads=shape.query_heads, seqlen_q=1, seqlen_k=shape.seqlen_k,
-                             head_dim=shape.head_dim, sm_count=ctx.results["sms"])["num_splits"]
-        calls = []
-        for name, merge_bytes in MERGE_FORMS:
-            config = dataclasses.replace(decode_config(shape.head_dim), merge_bytes=merge_bytes)
-
-            def fn(q, k, v, n, config=config):
-                return flash_decode(q, k, v, scale=shape.softmax_scale, causal=True,
-                                    cache_seqlens=n, config=config, write_lse=False)[0]
-            calls.append((name, fn, (q, k, v, lengths), None))
-        peer = peer_call("sdpa_cudnn", shape)
-        if not isinstance(peer, str):
-            calls.append(("sdpa_cudnn", *peer))
-        row = {"shape": shape.describe(), "splits": splits}
-        for name, fn, inputs, context in calls:
-            try:
-                record = measure(name, fn, inputs, shape, env, context=context, flush="l2_clean",
-                                 kernel_names=() if name == "sdpa_cudnn" else KERNEL_NAMES)
-            except Exception as error:  # noqa: BLE001 -- recorded, the sweep goes on
-                traceback.print_exc()
-                out.append(skipped(name, shape, f"failed: {type(error).__name__}: {error}", env))
-                continue
-            out.append(record)
-            row[name] = record["p50"] * 1e3
-            log(f"  {name:26s} {record['p50'] * 1e3:9.1f} us")
-        rows.append(row)
-        ctx.upsert("decode_merge.jsonl", out)
-        del q, k, v, calls
-        torch.cuda.empty_cache()
-    log("\nus (clean L2 flush, graph replay): splits | merge in launch | combine kernel | cuDNN")
-    for row in rows:
-        cells = [f"{row.get(name, float('nan')):.1f}" for name in
-                 ("attnlab_merge_in_launch", "attnlab_merge_kernel", "sdpa_cudnn")]
-        log(f"{row['shape']}: {row['splits']} | " + " | ".join(cells))
     return out
 
 

@@ -8,7 +8,6 @@ CUDA-graph capture).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -124,23 +123,16 @@ def test_decode_equals_last_rows_of_prefill(seqlen_q, options):
 
 
 @runs_kernels
-@pytest.mark.parametrize("merge", ["in launch", "combine kernel"])
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 17, 133])
-def test_k_splits_equal_one_split_and_the_reference_split_by_split(num_splits, merge):
-    # 239 keys: 8 tiles of 32 on the CPU, so 17 and 133 splits leave most splits empty.
-    # The partials are merged by the split launch's last program per row block, or (past
-    # DecodeConfig.merge_bytes) by the combine kernel.
-    from attnlab.kernels.configs import INTERPRETER_DECODE_CONFIG
-
+def test_k_splits_equal_one_split_and_the_reference_split_by_split(num_splits):
+    # 239 keys: 8 tiles of 32 on the CPU, so 17 and 133 splits leave most splits empty
+    # (and 133 takes the combine's LSE pass three steps).
     heads, kv_heads, dim, seqlen_k = 4, 1, 32, 239
     q, k, v = randn(1, 2, heads, dim, seed=4), randn(1, seqlen_k, kv_heads, dim, seed=5), \
         randn(1, seqlen_k, kv_heads, dim, seed=6)
     scale = 1 / math.sqrt(dim)
-    config = dataclasses.replace(INTERPRETER_DECODE_CONFIG,
-                                 merge_bytes=0 if merge == "combine kernel" else 1 << 30)
     out, lse, (o_part, lse_part) = flash_decode(q, k, v, scale=scale, causal=True,
-                                                num_splits=num_splits, return_partials=True,
-                                                config=config)
+                                                num_splits=num_splits, return_partials=True)
     one, one_lse = flash_decode(q, k, v, scale=scale, causal=True, num_splits=1)
     states = split_kv(*(to_bhsd(t).double().cpu() for t in (q, k, v)), num_splits=num_splits,
                       causal=True, scale=scale, block_n=BLOCK_N)
@@ -159,23 +151,17 @@ def test_k_splits_equal_one_split_and_the_reference_split_by_split(num_splits, m
 
 
 @runs_kernels
-def test_the_last_split_merges_and_leaves_the_arrival_counters_at_zero():
-    """Small merges happen in the split launch: every split counts its arrival, the last
-    of a row block merges and returns the counter to 0, so the next call on the stream
-    starts clean; a call without the LSE writes the same output."""
-    from attnlab.kernels.decode import decode_plan
-
+def test_a_call_without_the_lse_writes_the_same_output():
+    """The LSE is neither allocated nor written unless asked for (the decode API's
+    ``return_softmax_lse``), with one split or several; the output is the same."""
     q, k, v = randn(2, 3, 8, 32, seed=7), randn(2, 239, 2, 32, seed=8), \
         randn(2, 239, 2, 32, seed=9)
-    first, first_lse = flash_decode(q, k, v, scale=0.2, causal=True, num_splits=5)
-    plan = decode_plan(q, k, v, scale=0.2, causal=True)
-    (counters,) = plan.arrivals.values()
-    assert counters.shape == (2 * 2 * plan.row_blocks,) and not counters.any()
-    again, again_lse = flash_decode(q, k, v, scale=0.2, causal=True, num_splits=5)
-    assert torch.equal(again, first) and torch.equal(again_lse, first_lse)
-    no_lse, none = flash_decode(q, k, v, scale=0.2, causal=True, num_splits=5, write_lse=False)
-    assert none is None and torch.equal(no_lse, first)
-    check_dense(first, first_lse, q, k, v, scale=0.2, causal=True)
+    for num_splits in (1, 5):
+        out, lse = flash_decode(q, k, v, scale=0.2, causal=True, num_splits=num_splits)
+        no_lse, none = flash_decode(q, k, v, scale=0.2, causal=True, num_splits=num_splits,
+                                    write_lse=False)
+        assert none is None and torch.equal(no_lse, out)
+        check_dense(out, lse, q, k, v, scale=0.2, causal=True)
 
 
 @runs_kernels
@@ -440,12 +426,12 @@ def _serving_call(paged: bool, append: bool, rotary: bool, extra: dict | None = 
 def test_a_call_reads_no_tensor_value_on_the_host(no_value_reads, paged, append, rotary):
     """The first call (validation and planning) and a repeated one: no .item(), .tolist(),
     .cpu(), ... anywhere on the path; the launches are the append (when k, v are
-    given) and the split kernel, which merges its own splits (no second launch)."""
+    given), the split kernel and the combine."""
     q, k_cache, v_cache, options = _serving_call(paged, append, rotary)
     for _ in range(2):
         with no_value_reads() as launched:
             attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=3, **options)
-        assert launched == ["_rotary_append"] * append + ["_split_kv_decode"]
+        assert launched == ["_rotary_append"] * append + ["_split_kv_decode", "_combine_partials"]
         launched.clear()
 
 
@@ -526,7 +512,7 @@ from triton.compiler import ASTSource
 from attnlab.kernels.append import _rotary_append
 from attnlab.kernels.decode import _combine_partials, _split_kv_decode
 from attnlab.kernels.forward import _attn_fwd
-TYPES = dict(O_PART="*fp32", ARRIVALS="*i32", LSE_OUT="*fp32", ERRORS="*i64", COS="*fp32",
+TYPES = dict(O_PART="*fp32", LSE_OUT="*fp32", ERRORS="*i64", COS="*fp32",
              SIN="*fp32", CACHE_SEQLENS="*i32", CACHE_BATCH_IDX="*i32", CACHE_LEFTPAD="*i32",
              BLOCK_TABLE="*i32", ROTARY_SEQLENS="*i32", LSE="*fp32", CU_SEQLENS_Q="*i32",
              CU_SEQLENS_K="*i32", SEQUSED_K="*i32", K_DESCALE="*fp32", V_DESCALE="*fp32",
@@ -553,8 +539,7 @@ for page, d, block_n, batch_idx, per_page, fp8 in (
         HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=16, BLOCK_N=block_n, PAGE_SIZE=page,
         HAS_SEQLENS=True, HAS_BATCH_IDX=batch_idx, HAS_LEFTPAD=batch_idx, HAS_LEFT=False,
         HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
-        PER_PAGE=per_page, DESCALED=fp8, ROW_SCALED_Q=fp8, WRITE_LSE=not fp8,
-        MERGE_IN_LAUNCH=page != 256, LSE_CHUNK=16, O_CHUNK=2 if d == 256 else 4), 4, 3,
+        PER_PAGE=per_page, DESCALED=fp8, ROW_SCALED_Q=fp8, WRITE_LSE=not fp8), 4, 3,
         FP8_CACHE if fp8 else ()))
 built.append(build(_combine_partials, dict(ROWS=1, HEAD_DIM=128, HEAD_DIM_PAD=128, LSE_CHUNK=64,
                                            O_CHUNK=32, WRITE_LSE=True), 2, 1))
@@ -579,9 +564,8 @@ print(json.dumps(built))
 @pytest.mark.slow
 def test_the_serving_kernels_build_for_sm90(json_from_fresh_python):
     """The interpreter runs what ptxas may refuse (loop-carried flags, scalar atomics):
-    the split kernel (merging its splits itself, or not), the combine, the append
-    kernel and the paged varlen forward compile for sm_90a here, without a GPU (an fp8
-    cache's split and append kernels too)."""
+    the split, combine and append kernels and the paged varlen forward compile for
+    sm_90a here, without a GPU (an fp8 cache's split and append kernels too)."""
     assert json_from_fresh_python(SM90_BUILD) == [True] * 12
 
 
@@ -811,54 +795,6 @@ def test_gpu_cuda_graph_capture_appends_and_attends(captured_replay):
     captured = captured_replay(step)  # the warm-up writes the same rows the graph will
     assert torch.equal(captured, eager)
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
-
-
-@pytest.mark.gpu
-@gpu
-def test_gpu_calls_on_two_streams_at_once_each_merge_their_own_splits():
-    """The split kernel's arrival counters are kept per stream: one signature's calls
-    running at the same time on two streams (many small launches, so they overlap) give
-    what each gives alone, and a CUDA graph of the call replays on another stream beside
-    eager calls."""
-    batch, heads, kv_heads, dim, capacity = 2, 32, 8, 128, 8192
-    gen = torch.Generator(device="cuda").manual_seed(5)
-
-    def rand(*shape):
-        return torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
-
-    caches = [(rand(batch, capacity, kv_heads, dim), rand(batch, capacity, kv_heads, dim))
-              for _ in range(2)]
-    queries = [rand(batch, 1, heads, dim) for _ in range(2)]
-    lengths = torch.tensor([capacity - 3, 4000], dtype=torch.int32, device="cuda")
-
-    def call(i):
-        return attnlab.flash_attn_with_kvcache(queries[i], *caches[i], cache_seqlens=lengths,
-                                               causal=True, num_splits=16)
-
-    alone = [call(i) for i in range(2)]
-    streams = [torch.cuda.Stream() for _ in range(2)]
-    for stream in streams:
-        stream.wait_stream(torch.cuda.current_stream())
-    outs = [[], []]
-    for _ in range(50):
-        for i, stream in enumerate(streams):
-            with torch.cuda.stream(stream):
-                outs[i].append(call(i))
-    torch.cuda.synchronize()
-    for i in range(2):
-        assert all(torch.equal(out, alone[i]) for out in outs[i])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = call(0)
-    replays = []
-    with torch.cuda.stream(streams[0]):
-        for _ in range(20):
-            graph.replay()
-            replays.append(captured.clone())
-    with torch.cuda.stream(streams[1]):
-        eager = [call(0) for _ in range(20)]
-    torch.cuda.synchronize()
-    assert all(torch.equal(out, alone[0]) for out in replays + eager)
 
 
 @pytest.mark.gpu

@@ -308,14 +308,13 @@ def test_fp8_append_with_rotary_stores_the_references_bytes(paged):
 @pytest.mark.parametrize("paged", [False, True])
 def test_an_fp8_call_reads_no_tensor_value_on_the_host(no_value_reads, paged):
     """Planning and a repeated call with an fp8 cache, append, rotary and descales: no
-    host read of any tensor (the descales included); two launches (append, split-KV with
-    its merge)."""
+    host read of any tensor (the descales included); three launches."""
     q, k_cache, v_cache, options = _rotary_append_call(paged)
     for _ in range(2):
         with no_value_reads() as launched:
             attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=3, impl="triton",
                                             **options)
-        assert launched == ["_rotary_append", "_split_kv_decode"]
+        assert launched == ["_rotary_append", "_split_kv_decode", "_combine_partials"]
         launched.clear()
 
 
@@ -544,12 +543,12 @@ decode = decode_config(128, fp8_cache=True)
 cache = build(_split_kv_decode, {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "OUT": "*bf16",
                                  "CACHE_SEQLENS": "*i32", "CACHE_BATCH_IDX": "*i32",
                                  "CACHE_LEFTPAD": "*i32", "BLOCK_TABLE": "*i32",
-                                 "ERRORS": "*i64", "ARRIVALS": "*i32"},
+                                 "ERRORS": "*i64"},
               dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_M=16, BLOCK_N=decode.block_n,
                    PAGE_SIZE=0, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
                    HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
                    UPCAST_DOT=False, PER_PAGE=False, DESCALED=True, ROW_SCALED_Q=True,
-                   WRITE_LSE=False, MERGE_IN_LAUNCH=True, LSE_CHUNK=16, O_CHUNK=4), decode)
+                   WRITE_LSE=False), decode)
 print(json.dumps({"keys_contiguous": keys_contiguous, "d_contiguous": d_contiguous,
                   "decode": cache}))
 """

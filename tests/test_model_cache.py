@@ -171,19 +171,16 @@ def test_fp8_decode_prediction_by_hand():
     (one,) = cm.predict_attnlab_decode(shape, 1, kv_dtype="fp8", kv_scales="kv-head")
     assert one.read_bytes == q + kv_fp8 + 2 * 16 * 8 * 4
     assert one.written_bytes == q + 16 * 32 * 4  # O (bf16) and LSE
-    # 14 splits: one launch, whose last program per row block merges the fp32 partials.
-    (split,) = cm.predict_attnlab_decode(shape.replace(batch=1), 14, kv_dtype="fp8")
+    split, combine = cm.predict_attnlab_decode(shape.replace(batch=1), 14, kv_dtype="fp8")
     assert split.read_bytes == 32 * 128 * 2 + kv_fp8 // 16 + 8
-    (bf16_split,) = cm.predict_attnlab_decode(shape.replace(batch=1), 14)
+    bf16_split, _ = cm.predict_attnlab_decode(shape.replace(batch=1), 14)
     assert bf16_split.read_bytes - split.read_bytes == kv_fp8 // 16 - 8
-    assert split.written_bytes == 14 * 32 * (128 * 4 + 4) + 32 * 128 * 2 + 32 * 4
-    (no_lse,) = cm.predict_attnlab_decode(shape.replace(batch=1), 14, writes_lse=False)
-    assert bf16_split.written_bytes - no_lse.written_bytes == 32 * 4
-    # A merge past DecodeConfig.merge_bytes: the combine kernel reads the partials back.
-    split, combine = cm.predict_attnlab_decode(shape.replace(batch=1), 14,
-                                               merges_in_launch=False)
-    assert split.written_bytes == combine.read_bytes == 14 * 32 * (128 * 4 + 4)
-    assert combine.written_bytes == 32 * 128 * 2 + 32 * 4
+    assert combine.read_bytes == 14 * 32 * (128 * 4 + 4)
+    # The decode API writes the LSE only when asked (return_softmax_lse).
+    _, no_lse = cm.predict_attnlab_decode(shape.replace(batch=1), 14, writes_lse=False)
+    assert combine.written_bytes - no_lse.written_bytes == 32 * 4
+    (one_no_lse,) = cm.predict_attnlab_decode(shape, 1, writes_lse=False)
+    assert one.written_bytes - one_no_lse.written_bytes == 16 * 32 * 4
     with pytest.raises(ValueError, match="kv_scales must be one of tensor, kv-head"):
         cm.decode_kv_bytes(shape, kv_dtype="fp8", kv_scales="row")
 
@@ -197,15 +194,14 @@ DECODE_16x32K = AttentionShape(batch=16, query_heads=32, kv_heads=8, seqlen_q=1,
                                                          head_dim=256)], ids=["d128", "d256"])
 def test_an_fp8_cache_halves_the_split_kernels_kv_bytes_and_adds_its_descales(shape):
     """At one split count: K/V one byte per element plus a K and a V descale per (batch,
-    KV head); Q, the fp32 partials and the output exactly the bf16 prediction's."""
+    KV head); Q, the fp32 partials and the combine exactly the bf16 prediction's."""
     b, hk, n, d = shape.batch, shape.kv_heads, shape.seqlen_k, shape.head_dim
     kv_bf16, descales = 2 * b * hk * n * d * 2, 2 * b * hk * 4
-    (bf16_split,) = cm.predict_attnlab_decode(shape, 4)
-    (split,) = cm.predict_attnlab_decode(shape, 4, kv_dtype="fp8", kv_scales="kv-head")
+    bf16_split, bf16_combine = cm.predict_attnlab_decode(shape, 4)
+    split, combine = cm.predict_attnlab_decode(shape, 4, kv_dtype="fp8", kv_scales="kv-head")
     assert bf16_split.read_bytes - split.read_bytes == kv_bf16 // 2 - descales
-    rows = b * shape.query_heads
-    assert split.written_bytes == bf16_split.written_bytes == \
-        4 * rows * (d + 1) * 4 + rows * d * 2 + rows * 4
+    assert split.written_bytes == bf16_split.written_bytes == 4 * b * shape.query_heads * (d + 1) * 4
+    assert combine == bf16_combine
 
 
 def test_the_fp8_decode_provider_is_predicted_at_its_own_launch():
@@ -221,18 +217,13 @@ def test_the_fp8_decode_provider_is_predicted_at_its_own_launch():
     assert decode_launch("attnlab_decode_fp8", shape) == (2, {"kv_dtype": "fp8",
                                                                "kv_scales": "kv-head"})
     assert decode_launch("eager", shape) is None
-    # The seed's d = 256 layer at batch 1 x 32k: 57 splits of 6 rows of 256, a merge past
-    # DecodeConfig.merge_bytes, so a combine kernel merges them.
-    seed = shape.replace(batch=1, query_heads=24, kv_heads=4, head_dim=256)
-    assert decode_launch("attnlab_decode", seed)[1] == {"merges_in_launch": False}
-    assert [k.role for k in predict("attnlab_decode", seed)] == ["split_kv", "combine"]
     (bf16,) = predict("attnlab_decode", shape)
     assert bf16.read_bytes == q + 2 * kv_fp8 and predict("attnlab", shape) == [bf16]
-    (split,) = predict("attnlab_decode_fp8", shape)
-    assert split.role == "split_kv"
+    split, combine = predict("attnlab_decode_fp8", shape)
+    assert (split.role, combine.role) == ("split_kv", "combine")
     assert split.read_bytes == q + kv_fp8 + descales
-    # the fp32 partials, then O in bf16 and the LSE in fp32 from the merging programs
-    assert split.written_bytes == 2 * rows * (128 * 4 + 4) + q + rows * 4
+    assert split.written_bytes == combine.read_bytes == 2 * rows * (128 * 4 + 4)
+    assert combine.written_bytes == q + rows * 4  # O in bf16, the LSE in fp32
     # The logical model takes the cache's dtype too: 1-byte K/V read by every split.
     compared = compare_case("attnlab_decode_fp8", shape, [])
     logical = compared.logical_bytes
@@ -247,16 +238,16 @@ def test_the_fp8_decode_provider_is_predicted_at_its_own_launch():
         cm.logical_bytes("sdpa_cudnn", shape, kv_dtype="fp8")
 
 
-@pytest.mark.parametrize("batch", [16, 1])  # batch 1: several splits, merged in the launch
-def test_a_paged_cache_reads_the_same_rows_and_its_live_block_table_entries(batch):
+@pytest.mark.parametrize("batch, kernels", [(16, 1), (1, 2)])  # batch 1: split + combine
+def test_a_paged_cache_reads_the_same_rows_and_its_live_block_table_entries(batch, kernels):
     from attnlab.measure.compare import predict
 
     shape = DECODE_16x32K.replace(batch=batch)
-    (contiguous,), (paged,) = predict("attnlab_decode", shape), predict("attnlab_decode_paged16",
-                                                                         shape)
+    contiguous, paged = predict("attnlab_decode", shape), predict("attnlab_decode_paged16", shape)
+    assert [k.role for k in paged] == [k.role for k in contiguous] and len(paged) == kernels
     table = shape.batch * shape.seqlen_k // 16 * 4
-    assert paged.read_bytes - contiguous.read_bytes == table
-    assert paged.written_bytes == contiguous.written_bytes
+    assert paged[0].read_bytes - contiguous[0].read_bytes == table
+    assert paged[1:] == contiguous[1:]
 
 
 def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
@@ -286,29 +277,28 @@ def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
 
 
 def test_per_kernel_rows_compare_each_launch_and_list_what_the_model_lacks():
-    """kernel_rows / kernel_markdown_table on a parsed ncu kernel list made up here (FA-2's
-    split-KV decode through SDPA at batch 1): the split kernel 10% over the prediction,
-    the combine 40% under, one kernel the model does not contain; and a case whose
-    combine ncu never saw."""
+    """kernel_rows / kernel_markdown_table on a parsed ncu kernel list made up here: the
+    split kernel 10% over the prediction, the combine 40% under, one kernel the model
+    does not contain; and a case whose combine ncu never saw."""
     from attnlab.measure.compare import kernel_markdown_table, kernel_rows
 
     def kernel(i, name, read, write):
         return parsed_kernel(i, name, read, write, duration_ns=1000.0 + i)
 
-    shape = DECODE_16x32K.replace(batch=1)
-    split, combine = predict("sdpa_flash", shape)
-    measured = [kernel(0, "flash_fwd_splitkv_kernel", 1.1 * split.total_bytes, 0),
-                kernel(1, "flash_fwd_splitkv_combine_kernel", 0.36 * combine.total_bytes,
+    shape = DECODE_16x32K
+    split, combine = predict("attnlab_decode_fp8", shape)
+    measured = [kernel(0, "_split_kv_decode", 1.1 * split.total_bytes, 0),
+                kernel(1, "_combine_partials", 0.36 * combine.total_bytes,
                        0.24 * combine.total_bytes),
                 kernel(2, "void at::native::vectorized_elementwise_kernel<FillFunctor>", 64, 64)]
-    full = compare_case("sdpa_flash", shape, measured)
-    short = compare_case("sdpa_flash", shape, measured[:1])
+    full = compare_case("attnlab_decode_fp8", shape, measured)
+    short = compare_case("attnlab_decode_fp8", shape, measured[:1])
     rows = kernel_rows([full, short])
-    assert [(r["provider"], r["role"]) for r in rows] == [("sdpa_flash", role) for role in
+    assert [(r["provider"], r["role"]) for r in rows] == [("attnlab_decode_fp8", role) for role in
                                                           ("split_kv", "combine", "mask_build",
                                                            "split_kv", "combine")]
     first, second, extra, _, unseen = rows
-    assert first["measured"] == "flash_fwd_splitkv_kernel" and first["shape"] == shape.as_dict()
+    assert first["measured"] == "_split_kv_decode" and first["shape"] == shape.as_dict()
     assert first["measured_bytes"] == round(1.1 * split.total_bytes)
     assert first["predicted_bytes"] == split.total_bytes
     assert first["relative_error"] == pytest.approx(1 / 1.1 - 1) and first["within_goal"]

@@ -25,7 +25,7 @@ import triton
 _FP32_POINTERS = ("LSE", "DLSE", "DELTA", "LSE_LOG2", "O_PART", "LSE_OUT",
                   "K_DESCALE", "V_DESCALE")
 _I32_POINTERS = ("CU_SEQLENS", "CACHE_SEQLENS", "CACHE_BATCH_IDX", "CACHE_LEFTPAD",
-                 "BLOCK_TABLE", "SEQUSED", "ARRIVALS")
+                 "BLOCK_TABLE", "SEQUSED")
 _I64_POINTERS = ("ERRORS",)
 _FP32_SCALARS = ("qk_scale", "softcap_log2", "softcap_inv", "scale")
 # Strides of the (batch, head, seq) row statistics: 16-divisible where seqlen_q is.

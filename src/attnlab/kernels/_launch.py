@@ -90,7 +90,7 @@ class CompiledLaunch:
         if self.direct and not self.tensordesc_meta and self.takes(len(bound_args)):
             self.raw(grid, bound_args)
             return
-        stream = current_stream()
+        stream = _current_stream()
         enter, exit_ = _hooks()
         metadata = self.compiled.launch_metadata(grid, stream, *bound_args) if enter else None
         grid = (*grid, 1, 1)
@@ -99,7 +99,7 @@ class CompiledLaunch:
 
     def raw(self, grid: tuple[int, ...], final_args) -> None:
         """The C launcher with its final arguments (``direct`` kernels only)."""
-        stream = current_stream()
+        stream = _current_stream()
         enter, exit_ = _hooks()
         # Our kernels define no launch_metadata function, so Triton's metadata does not
         # read the arguments: the final ones serve as well as the bound ones.
@@ -110,7 +110,7 @@ class CompiledLaunch:
                       *args)
 
 
-def current_stream() -> int:
+def _current_stream() -> int:
     # Triton's own choice: the current device's current stream (torch.cuda.current_stream()
     # builds a Stream object, several microseconds per launch on the H200's host).
     active = driver.active

@@ -282,15 +282,8 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     ctas_per_sm: int
-    # The largest merge the split launch does itself (its last program per row block
-    # reads num_splits x rows x d fp32 partials): larger ones go to a combine kernel,
-    # whose programs (one per output row) share the reading.  A prediction until
-    # bench/decode_h200.py --phases merge measures both (bench/NOTES.md S19).
-    merge_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
-        if self.merge_bytes < 0:
-            raise ValueError(f"merge_bytes must be >= 0, got {self.merge_bytes}")
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
             raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
         if self.ctas_per_sm < 1:

@@ -1,4 +1,4 @@
-"""Flash-Decoding in Triton: a split-KV kernel that merges its own splits, its launcher.
+"""Flash-Decoding in Triton: a split-KV kernel, a log-sum-exp combine, their launcher.
 
 A decode step has few query rows and a long cache: the cost is streaming K/V once,
 and one program per (batch, head) leaves most SMs idle (issue #13: 492 us at 1 x 32k
@@ -12,13 +12,10 @@ contiguous runs of key tiles and each run is its own program:
   so every K/V byte is read once per KV head, not once per query head.  It runs
   the FA-2 loop over its run of tiles and writes a normalised fp32 partial output
   and its natural-log LSE (or, with one split, the final output directly);
-* **merge** (:func:`_merge_splits`), ``o = sum_s exp(lse_s - lse) o_s``, ``lse = log
-  sum_s exp(lse_s)``: where a row block's partials are small (``DecodeConfig.merge_bytes``),
-  the last program of the block to finish (an arrival counter per row block,
-  atomically incremented after its partials are stored) merges them in the same launch
-  -- a separate combine kernel cost ~5 us of a batch-1 4k call's ~16 (bench/NOTES.md
-  S19); larger merges (many splits of wide rows, which one SM would read alone) run
-  in a combine kernel (:func:`_combine_partials`), one program per output row.
+* **combine kernel** (:func:`_combine_partials`), one program per output row: the
+  exact merge ``o = sum_s exp(lse_s - lse) o_s``, ``lse = log sum_s exp(lse_s)``
+  (:func:`_merge_splits`).  Merging in the split launch instead (its last program per
+  row block, counted by atomics) measured slower at every point, 2.5-39 us (NOTES S19).
 
 The split rule is the reference's (:func:`attnlab.reference.split_kv`): a sequence
 of ``kv_tiles`` tiles gives every split ``ceil(kv_tiles / num_splits)`` tiles, so
@@ -33,7 +30,7 @@ its sequence's rows come out NaN, and it is recorded (kernels/index_checks.py).
 What a call signature fixes (tiles, strides, grids, the launches' constant arguments,
 the compiled kernels) is kept per signature (``_DecodePlan``); a call picks its split
 count from host-known sizes (kernels/dispatch.py), allocates (the output, the LSE when
-asked for, one partials buffer) and launches once.
+asked for, one partials buffer) and launches.
 
 Cache forms: contiguous ``(cache_batch, capacity, kv_heads, d)`` (any strides with a
 unit last one; ``cache_batch_idx`` picks rows, ``cache_leftpad`` the first live key)
@@ -53,13 +50,7 @@ import attnlab.kernels.dispatch as dispatch
 import attnlab.kernels.index_checks as index_checks
 from attnlab.inputs import layout_named
 from attnlab.kernels._aot import compile_triton
-from attnlab.kernels._launch import (
-    DirectLauncher,
-    PlanCache,
-    PlannedLaunch,
-    current_stream,
-    tensor_key,
-)
+from attnlab.kernels._launch import DirectLauncher, PlanCache, PlannedLaunch, tensor_key
 from attnlab.kernels._primitives import (
     LOG2E,
     _checked_pages,
@@ -164,7 +155,6 @@ def _split_kv_decode(
     # pointers
     Q, K, V, O_PART, OUT, LSE_OUT,
     CACHE_SEQLENS, CACHE_BATCH_IDX, CACHE_LEFTPAD, BLOCK_TABLE, ERRORS,
-    ARRIVALS,  # (batch * kv_heads * row blocks,) int32, 0 between launches (MERGE_IN_LAUNCH)
     K_DESCALE, V_DESCALE,  # an fp8 cache's (batch, kv_heads) fp32 factors (DESCALED)
     # the call's int cache_seqlens (unused with the tensor)
     cache_seqlen,
@@ -188,7 +178,6 @@ def _split_kv_decode(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     WRITE_PARTIAL: tl.constexpr, UPCAST_DOT: tl.constexpr, PER_PAGE: tl.constexpr,
     DESCALED: tl.constexpr, ROW_SCALED_Q: tl.constexpr, WRITE_LSE: tl.constexpr,
-    MERGE_IN_LAUNCH: tl.constexpr, LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -294,37 +283,20 @@ def _split_kv_decode(
         out = out * tl.load(V_DESCALE + off_b * stride_vdb + off_hk * stride_vdh)
     out = tl.where(bad != 0, float("nan"), out)
     lse = tl.where(bad != 0, float("nan"), lse)
-    # Where this program's rows go: O (the output's layout) and LSE (batch, heads, seqlen_q).
-    o_rows = off_b.to(tl.int64) * stride_ob + offs_m * stride_om + offs_h * stride_oh
-    lse_rows = (off_b.to(tl.int64) * num_heads + offs_h) * seqlen_q + offs_m
     if WRITE_PARTIAL:
         # Partials are (batch, seqlen_q, heads, num_splits, head_dim) fp32, then the LSEs
-        # (batch, seqlen_q, heads, num_splits): one buffer, one allocation per call.
+        # (batch, seqlen_q, heads, num_splits): one buffer, one allocation per call.  The
+        # combine reads one output row's splits as one contiguous block.
         row = (off_b.to(tl.int64) * seqlen_q + offs_m) * num_heads + offs_h
         rows = tl.num_programs(0).to(tl.int64) * group_size * seqlen_q  # batch x heads x seqlen_q
-        LSE_PART = O_PART + rows * num_splits * HEAD_DIM
         slot = row * num_splits + split
         tl.store(O_PART + slot[:, None] * HEAD_DIM + offs_d[None, :], out, mask=q_mask)
-        tl.store(LSE_PART + slot, lse, mask=row_valid)
-        if MERGE_IN_LAUNCH:
-            # The last split of these rows to finish merges every split's partials: no
-            # combine launch (which took ~5 of a batch-1 4k call's ~16 us, NOTES S19).
-            # CUTLASS's arrival pattern: a barrier orders every thread's stores before
-            # one thread's release; its acquire orders the merge's loads after the other
-            # splits' stores.
-            tl.debug_barrier()
-            counter = ARRIVALS + pid_bh * tl.num_programs(2) + pid_m
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == num_splits - 1:
-                # Back to 0 for the next launch on this stream (kernel boundaries order it).
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-                out, lse = _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
-                                         BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, LSE_CHUNK, O_CHUNK)
-                _store_rows(OUT, LSE_OUT, out, lse, o_rows, lse_rows, offs_d, q_mask,
-                            row_valid, WRITE_LSE)
+        tl.store(O_PART + rows * num_splits * HEAD_DIM + slot, lse, mask=row_valid)
     else:
-        _store_rows(OUT, LSE_OUT, out, lse, o_rows, lse_rows, offs_d, q_mask, row_valid,
-                    WRITE_LSE)
+        _store_rows(OUT, LSE_OUT, out, lse,
+                    off_b.to(tl.int64) * stride_ob + offs_m * stride_om + offs_h * stride_oh,
+                    (off_b.to(tl.int64) * num_heads + offs_h) * seqlen_q + offs_m, offs_d,
+                    q_mask, row_valid, WRITE_LSE)
 
 
 @triton.jit
@@ -342,8 +314,7 @@ def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
                   BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                   LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr):
     """The exact merge of rows ``row``'s split partials: ``o = sum_s exp(lse_s - lse) o_s``,
-    ``lse = log sum_s exp(lse_s)``; (O, LSE) per row.  Loads bypass L1 (``.cg``): the
-    other splits' partials were written by other SMs during this launch."""
+    ``lse = log sum_s exp(lse_s)``; (O, LSE) per row."""
     # Pass 1: each row's largest partial LSE, the base every weight is measured from.
     offs_s = tl.arange(0, LSE_CHUNK)
     lse_rows = LSE_PART + row * num_splits
@@ -351,7 +322,7 @@ def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
     for s0 in range(0, num_splits, LSE_CHUNK):
         chunk = tl.load(lse_rows[:, None] + s0 + offs_s[None, :],
                         mask=row_valid[:, None] & (s0 + offs_s[None, :] < num_splits),
-                        other=float("-inf"), cache_modifier=".cg")
+                        other=float("-inf"))
         lse_max = tl.maximum(lse_max, tl.max(chunk, 1))
     # No split has a finite LSE: measure from 0 so every weight is exp(-inf) = 0, not NaN.
     all_empty = lse_max == float("-inf")
@@ -364,7 +335,7 @@ def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
     # sees scored -inf (0/0, as softmax over the whole row gives).  A NaN LSE (the max
     # drops it) weighs NaN and its (NaN) O is kept: the row comes out NaN, never dropped.
     # O is loaded whatever its weight (then selected), so a step's O and LSE loads do not
-    # wait on each other: one L2 round trip per step, not two.
+    # wait on each other: one round trip per step, not two.
     offs_c = tl.arange(0, O_CHUNK)
     d_mask = offs_d[None, None, :] < HEAD_DIM
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -373,9 +344,9 @@ def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
         in_range = row_valid[:, None] & (s0 + offs_c[None, :] < num_splits)
         slots = row[:, None] * num_splits + s0 + offs_c[None, :]
         lse = tl.load(lse_rows[:, None] + s0 + offs_c[None, :], mask=in_range,
-                      other=float("-inf"), cache_modifier=".cg")
+                      other=float("-inf"))
         o = tl.load(O_PART + slots[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                    mask=in_range[:, :, None] & d_mask, other=0.0, cache_modifier=".cg")
+                    mask=in_range[:, :, None] & d_mask, other=0.0)
         weight = tl.exp(lse - base[:, None])
         o_weight = tl.where(all_empty[:, None], 1.0, weight)
         total += tl.sum(weight, 1)
@@ -400,8 +371,7 @@ def _combine_partials(
     LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr,
 ):
     """``ROWS`` output rows (batch, query, head) per program: the merge of their splits'
-    partials, for merges too large for one program of the split launch (many splits of
-    wide rows: ``DecodeConfig.merge_bytes``), spread over as many programs as rows."""
+    partials, O_CHUNK splits per step."""
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_valid = row < total_rows
     off_h = row % num_heads
@@ -509,22 +479,14 @@ def decode_plan(q, k_cache, v_cache, *, scale: float, causal: bool = False,
 _PLANS = PlanCache()
 _SPLIT = DirectLauncher(_split_kv_decode)
 _COMBINE = DirectLauncher(_combine_partials)
-# Elements per thread of the merge's [rows, splits, d] tile (_merge_splits): the main
-# loop's registers are free by then.
+# Elements per thread of the combine's [rows, splits, d] tile (_merge_splits).
 MERGE_ELEMENTS_PER_THREAD = 64
 MAX_LSE_CHUNK = 64
 
 
-def merges_in_launch(config: DecodeConfig, num_splits: int, rows_per_block: int,
-                     head_dim: int) -> bool:
-    """Whether a split launch merges its own partials (else a combine kernel does): the
-    partial O bytes one row block's merge reads within ``config.merge_bytes``."""
-    return num_splits * rows_per_block * head_dim * 4 <= config.merge_bytes
-
-
 def merge_chunks(block_m: int, head_dim_pad: int, num_warps: int, num_splits: int) -> dict:
-    """The merge's splits per step (constexprs of :func:`_split_kv_decode`): LSEs up to
-    64 at a time, O rows as many as keep its tile at ``MERGE_ELEMENTS_PER_THREAD``."""
+    """The combine's splits per step (constexprs of :func:`_combine_partials`): LSEs up
+    to 64 at a time, O rows as many as keep its tile at ``MERGE_ELEMENTS_PER_THREAD``."""
     splits = triton.next_power_of_2(num_splits)
     fit = max(1, MERGE_ELEMENTS_PER_THREAD * 32 * num_warps // (block_m * head_dim_pad))
     return dict(LSE_CHUNK=min(MAX_LSE_CHUNK, splits),
@@ -535,9 +497,7 @@ class _DecodePlan:
     """What one call signature (sizes, strides, dtypes, alignment, which index tensors,
     options) fixes: tiles, strides, grids, the launches' constant arguments.  A call
     only picks the split count (memoised arithmetic), allocates its outputs and
-    launches once: no tensor's values are read.  A split launch's programs count their
-    arrivals per row block in an int32 buffer that the last one returns to 0
-    (:meth:`_arrivals`)."""
+    launches: no tensor's values are read."""
 
     def __init__(self, q, k_cache, v_cache, *, layout, scale, causal, window, softcap,
                  seqlens_tensor, seqlen_new, indices, config, return_partials,
@@ -599,12 +559,8 @@ class _DecodePlan:
             PER_PAGE=paged, DESCALED=descaled,
             ROW_SCALED_Q=descaled and q.dtype == torch.bfloat16,
             num_warps=self.config.num_warps, num_stages=self.config.num_stages)
-        self.block_m, self.head_dim_pad, self.group_size = block_m, head_dim_pad, group_size
-        self.out_strides = out_strides
-        self.launches: dict[int, PlannedLaunch] = {}
-        self.arrival_count = batch * num_kv_heads * self.row_blocks
-        # Per stream (kernels/_launch.current_stream): calls on one stream run in order.
-        self.arrivals: dict[int, torch.Tensor] = {}
+        self.head_dim_pad, self.out_strides = head_dim_pad, out_strides
+        self.launches: dict[int, tuple] = {}
         # Tensor cache_seqlens: the capacity bounds every length, so one count serves.
         self.capacity_splits = self._splits_for(capacity)
 
@@ -626,21 +582,14 @@ class _DecodePlan:
 
     def _launch(self, num_splits: int) -> tuple:
         """(split launch, combine launch or None) for ``num_splits``: with one split the
-        kernel writes the output; with more, its last program per row block merges the
-        partials, or a combine kernel does (:func:`merges_in_launch`)."""
+        kernel writes the output itself."""
         write_partial = num_splits > 1 or self.return_partials
-        in_launch = write_partial and merges_in_launch(
-            self.config, num_splits, min(self.block_m, self.group_size * self.seqlen_q),
-            self.head_dim)
         split = PlannedLaunch(
             _SPLIT, (self.batch * self.num_kv_heads, num_splits, self.row_blocks),
             (*self.split_static, num_splits, *self.split_tail),
-            dict(self.split_meta, WRITE_PARTIAL=write_partial, WRITE_LSE=self.write_lse,
-                 MERGE_IN_LAUNCH=in_launch,
-                 **merge_chunks(self.block_m, self.head_dim_pad, self.config.num_warps,
-                                num_splits)))
+            dict(self.split_meta, WRITE_PARTIAL=write_partial, WRITE_LSE=self.write_lse))
         combine = None
-        if write_partial and not in_launch:
+        if write_partial:
             rows = self.batch * self.seqlen_q * self.num_heads
             combine = PlannedLaunch(
                 _COMBINE, (rows,),
@@ -650,26 +599,6 @@ class _DecodePlan:
                      **merge_chunks(1, self.head_dim_pad, 2, num_splits)))
         self.launches[num_splits] = split, combine
         return split, combine
-
-    def _arrivals(self) -> torch.Tensor:
-        """The arrival counters for a launch on the current stream, all 0.
-
-        Each stream keeps its own (launches on one stream run one after another; the
-        last program of a row block leaves its counter at 0).  Under CUDA-graph capture
-        the call gets new ones, zeroed by a node of the graph: a kept buffer made there
-        would hold garbage outside the graph, and one shared with eager calls or other
-        graphs could be raced by a replay on another stream."""
-        if self.device.type != "cuda":
-            stream = 0
-        elif torch.cuda.is_current_stream_capturing():
-            return torch.zeros(self.arrival_count, dtype=torch.int32, device=self.device)
-        else:
-            stream = current_stream()
-        counters = self.arrivals.get(stream)
-        if counters is None:
-            counters = self.arrivals[stream] = torch.zeros(
-                self.arrival_count, dtype=torch.int32, device=self.device)
-        return counters
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                  block_table, *, cache_seqlen: int, num_splits: int, max_seqlen_k,
@@ -686,16 +615,15 @@ class _DecodePlan:
             slots = self.batch * self.seqlen_q * self.num_heads * num_splits
             partials = torch.empty(slots * (self.head_dim + 1), dtype=torch.float32,
                                    device=self.device)
-            arrivals = unused if combine is not None else self._arrivals()
         else:
-            partials = arrivals = unused
+            partials = unused
         lse_out = unused if lse is None else lse
         split(q, k_cache, v_cache, partials, out, lse_out,
                unused if cache_seqlens is None else cache_seqlens,
                unused if cache_batch_idx is None else cache_batch_idx,
                unused if cache_leftpad is None else cache_leftpad,
                unused if block_table is None else block_table,
-               unused if self.errors is None else self.errors, arrivals,
+               unused if self.errors is None else self.errors,
                unused if descales[0] is None else descales[0],
                unused if descales[1] is None else descales[1], cache_seqlen)
         if combine is not None:
@@ -727,10 +655,7 @@ def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, s
     return {"num_splits": num_splits, "programs": programs, "block_m": block_m,
             "block_n": config.block_n, "row_blocks": row_blocks, "sm_count": sm_count,
             "programs_per_sm": programs / sm_count,
-            # where the splits' partials are merged: the launch itself, or a combine kernel
-            "merge": "none" if num_splits == 1 else "in launch" if merges_in_launch(
-                config, num_splits, min(block_m, group_size * seqlen_q), head_dim)
-            else "combine kernel"}
+            "combine_programs": batch * seqlen_q * query_heads if num_splits > 1 else 0}
 
 
 # ---------------------------------------------------------------------------
@@ -739,17 +664,15 @@ def launch_plan(*, batch: int, kv_heads: int, query_heads: int, seqlen_q: int, s
 
 def compile_for_sm90(head_dim: int, config: DecodeConfig, *, page_size: int = 0,
                      dtype: str = "bf16", group_size: int = 4, seqlen_q: int = 1,
-                     num_splits: int = 16):
+                     ):
     """The split-KV kernel as a call of ``seqlen_q`` new tokens on a bf16/fp16 cache
-    (tensor cache_seqlens, causal, contiguous or paged with ``page_size``, ``num_splits``
-    merged in the launch) compiles it for sm_90a, here, without a GPU (``kernels/_aot``)."""
-    block_m = packed_block_m(group_size, seqlen_q)
+    (tensor cache_seqlens, causal, contiguous or paged with ``page_size``) compiles it for
+    sm_90a, here, without a GPU (``kernels/_aot``)."""
     return compile_triton(_split_kv_decode, dtype, dict(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_padded(head_dim),
-        BLOCK_M=block_m, BLOCK_N=config.block_n,
+        BLOCK_M=packed_block_m(group_size, seqlen_q), BLOCK_N=config.block_n,
         PAGE_SIZE=page_size, HAS_SEQLENS=True, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
         HAS_LEFT=False, HAS_RIGHT=seqlen_q > 1, HAS_SOFTCAP=False, WRITE_PARTIAL=True,
         UPCAST_DOT=False, PER_PAGE=page_size > 0, DESCALED=False, ROW_SCALED_Q=False,
-        WRITE_LSE=False, MERGE_IN_LAUNCH=True,
-        **merge_chunks(block_m, head_dim_padded(head_dim), config.num_warps, num_splits)),
+        WRITE_LSE=False),
         num_warps=config.num_warps, num_stages=config.num_stages)

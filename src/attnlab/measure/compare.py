@@ -57,12 +57,10 @@ PREDICTED_PROVIDERS = (*cache_model.PREDICTORS, "attnlab", *DECODE_API_CACHES)
 
 def decode_launch(provider: str, shape: AttentionShape,
                   hw: cache_model.CacheHardware = cache_model.H200) -> tuple[int, dict] | None:
-    """(split count, the launch's form) when ``provider``'s call runs attnlab's split-KV
-    decode kernel -- the decode API's always, ``attnlab``'s when the API routes it there
-    (short queries against a long cache) -- else None.  The count is the launcher's for
-    the cache's dtype: an fp8 cache has a tiling of its own, so a split count of its own.
-    The form is :func:`attnlab.model.cache.predict_attnlab_decode`'s keywords: the cache's
-    storage, and ``merges_in_launch=False`` where a combine kernel merges the splits."""
+    """(split count, cache storage) when ``provider``'s call runs attnlab's split-KV decode
+    kernel -- the decode API's always, ``attnlab``'s when the API routes it there (short
+    queries against a long cache) -- else None.  The count is the launcher's for the
+    cache's dtype: an fp8 cache has a tiling of its own, so a split count of its own."""
     from attnlab.kernels.decode import launch_plan
     from attnlab.kernels.dispatch import routes_to_decode
 
@@ -77,8 +75,6 @@ def decode_launch(provider: str, shape: AttentionShape,
                        seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
                        head_dim=shape.head_dim, sm_count=hw.sm_count,
                        fp8_cache=cache.get("kv_dtype") == "fp8")
-    if plan["merge"] == "combine kernel":
-        cache = dict(cache, merges_in_launch=False)
     return plan["num_splits"], cache
 
 

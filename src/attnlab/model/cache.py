@@ -504,42 +504,32 @@ def _gluon_one_gradient_launches(s: AttentionShape, hw: CacheHardware, dk: Fused
 def predict_attnlab_decode(shape: AttentionShape, num_splits: int,
                            hw: CacheHardware = H200, *, kv_dtype: str | None = None,
                            kv_scales: str = "tensor", page_size: int = 0,
-                           writes_lse: bool = True, merges_in_launch: bool = True
-                           ) -> list[PredictedKernel]:
-    """attnlab's split-KV decode.  The query heads of a KV group are packed in one
-    program, so K/V are read once per KV head; with several splits each program writes
-    fp32 partials, and the last of a row block merges them in the same launch,
-    re-reading the others' partials from L2, where they were just written
-    (``merges_in_launch``), or a combine kernel reads them (from DRAM: ncu flushes the
-    caches between kernels).  With one split the kernel writes O (and LSE) itself.  ``num_splits`` is the launcher's choice
-    for the shape (:func:`attnlab.kernels.decode.launch_plan`, passed in by the caller).
-    ``kv_dtype`` and ``kv_scales``: the cache's storage (:func:`decode_kv_bytes`); Q and
-    O stay in the shape's dtype.  ``page_size`` (a paged cache): the same K/V rows,
-    found through the block table, whose int32 entries for the live pages are read too
-    (a split reads its own pages' entries; the one it reads ahead past its last tile
-    lies in the next split's pages or past the sequence, masked).  ``writes_lse``: the
-    call asked for the LSE (``flash_decode``'s default; ``flash_attn_with_kvcache``
-    writes it only with ``return_softmax_lse``)."""
+                           writes_lse: bool = True) -> list[PredictedKernel]:
+    """attnlab's split-KV decode: the query heads of a KV group packed in one program,
+    so K/V are read once per KV head; with one split the kernel writes O and LSE
+    itself (no combine).  ``num_splits`` is the launcher's choice for the shape
+    (:func:`attnlab.kernels.decode.launch_plan`, passed in by the caller).  ``kv_dtype``
+    and ``kv_scales``: the cache's storage (:func:`decode_kv_bytes`); Q and O stay in
+    the shape's dtype.  ``page_size`` (a paged cache): the same K/V rows, found through
+    the block table, whose int32 entries for the live pages are read too (a split reads
+    its own pages' entries; the one it reads ahead past its last tile lies in the next
+    split's pages or past the sequence, masked).  ``writes_lse``: the call asked for
+    the LSE (``flash_decode``'s default; ``flash_attn_with_kvcache`` writes it only
+    with ``return_softmax_lse``)."""
     s = _check(shape)
     kv = decode_kv_bytes(s, kv_dtype=kv_dtype, kv_scales=kv_scales)
     if page_size:
         kv += s.batch * -(-_visible_kv_rows(s) // page_size) * TABLE_ENTRY_BYTES
-    b = s.element_bytes
-    q = s.batch * s.query_heads * s.seqlen_q * s.head_dim * b
-    rows = s.batch * s.query_heads * s.seqlen_q
-    written = q + (rows * STATS_BYTES if writes_lse else 0)
-    notes = ("query heads of a KV group packed: K/V read once per KV head",)
-    if num_splits >= 2 and not merges_in_launch:
+    if num_splits >= 2:
         return predict_split_kv(s, num_splits, FusedTiling(s.seqlen_q, 0, Launch(128, 255, 0),
                                                            writes_lse=writes_lse),
                                 hw, kv_bytes=kv)
-    if num_splits >= 2:
-        written += num_splits * rows * (s.head_dim * PARTIAL_BYTES + STATS_BYTES)
-        notes += ("fp32 partial O and LSE per split, merged by the row block's last program "
-                  "in the same launch (re-read from L2)",)
-    return [_kernel("split_kv", f"split-KV decode ({num_splits} split"
-                    f"{'s' if num_splits > 1 else ''})", unshared_reads=0,
-                    shared_reads=q + kv, written=written, hw=hw, notes=notes)]
+    b = s.element_bytes
+    q = s.batch * s.query_heads * s.seqlen_q * s.head_dim * b
+    rows = s.batch * s.query_heads * s.seqlen_q
+    return [_kernel("split_kv", "split-KV decode (1 split)", unshared_reads=0,
+                    shared_reads=q + kv, written=q + (rows * STATS_BYTES if writes_lse else 0),
+                    hw=hw, notes=("query heads of a KV group packed: K/V read once per KV head",))]
 
 
 # The peers' kernels, predicted from the shape alone; attnlab's needs its tile
