@@ -311,14 +311,14 @@ def _store_rows(OUT, LSE_OUT, out, lse, o_rows, lse_rows, offs_d, mask, row_vali
 
 @triton.jit
 def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
-                  BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                  ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                   LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr):
     """The exact merge of rows ``row``'s split partials: ``o = sum_s exp(lse_s - lse) o_s``,
     ``lse = log sum_s exp(lse_s)``; (O, LSE) per row."""
     # Pass 1: each row's largest partial LSE, the base every weight is measured from.
     offs_s = tl.arange(0, LSE_CHUNK)
     lse_rows = LSE_PART + row * num_splits
-    lse_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    lse_max = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     for s0 in range(0, num_splits, LSE_CHUNK):
         chunk = tl.load(lse_rows[:, None] + s0 + offs_s[None, :],
                         mask=row_valid[:, None] & (s0 + offs_s[None, :] < num_splits),
@@ -329,7 +329,7 @@ def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
     base = tl.where(all_empty, 0.0, lse_max)
 
     # Pass 2: weights exp(lse_s - base), O_CHUNK splits' rows per step (a [rows, splits,
-    # d] tile sized to the registers the finished main loop left).  A split with LSE =
+    # d] tile, sized by merge_chunks).  A split with LSE =
     # -inf weighs 0 and its O is dropped -- unless no split has a finite LSE: then O is
     # the sum of the splits' O, 0 where the row sees no key and NaN where every key it
     # sees scored -inf (0/0, as softmax over the whole row gives).  A NaN LSE (the max
@@ -338,8 +338,8 @@ def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
     # wait on each other: one round trip per step, not two.
     offs_c = tl.arange(0, O_CHUNK)
     d_mask = offs_d[None, None, :] < HEAD_DIM
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    total = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
     for s0 in range(0, num_splits, O_CHUNK):
         in_range = row_valid[:, None] & (s0 + offs_c[None, :] < num_splits)
         slots = row[:, None] * num_splits + s0 + offs_c[None, :]
@@ -484,11 +484,11 @@ MERGE_ELEMENTS_PER_THREAD = 64
 MAX_LSE_CHUNK = 64
 
 
-def merge_chunks(block_m: int, head_dim_pad: int, num_warps: int, num_splits: int) -> dict:
+def merge_chunks(rows: int, head_dim_pad: int, num_warps: int, num_splits: int) -> dict:
     """The combine's splits per step (constexprs of :func:`_combine_partials`): LSEs up
     to 64 at a time, O rows as many as keep its tile at ``MERGE_ELEMENTS_PER_THREAD``."""
     splits = triton.next_power_of_2(num_splits)
-    fit = max(1, MERGE_ELEMENTS_PER_THREAD * 32 * num_warps // (block_m * head_dim_pad))
+    fit = max(1, MERGE_ELEMENTS_PER_THREAD * 32 * num_warps // (rows * head_dim_pad))
     return dict(LSE_CHUNK=min(MAX_LSE_CHUNK, splits),
                 O_CHUNK=min(splits, triton.next_power_of_2(fit + 1) // 2))
 
