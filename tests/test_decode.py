@@ -541,7 +541,7 @@ for page, d, block_n, batch_idx, per_page, fp8 in (
         HAS_RIGHT=True, HAS_SOFTCAP=False, WRITE_PARTIAL=True, UPCAST_DOT=False,
         PER_PAGE=per_page, DESCALED=fp8, ROW_SCALED_Q=fp8, WRITE_LSE=not fp8), 4, 3,
         FP8_CACHE if fp8 else ()))
-built.append(build(_combine_partials, dict(ROWS=1, HEAD_DIM=128, HEAD_DIM_PAD=128, LSE_CHUNK=64,
+built.append(build(_combine_partials, dict(HEAD_DIM=128, HEAD_DIM_PAD=128, LSE_CHUNK=64,
                                            O_CHUNK=32, WRITE_LSE=True), 2, 1))
 for page, half, batch_idx, fp8 in ((0, 32, False, False), (16, 64, False, False),
                                    (0, 0, True, False), (16, 64, False, True)):

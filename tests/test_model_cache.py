@@ -218,12 +218,14 @@ def test_the_fp8_decode_provider_is_predicted_at_its_own_launch():
                                                                "kv_scales": "kv-head"})
     assert decode_launch("eager", shape) is None
     (bf16,) = predict("attnlab_decode", shape)
-    assert bf16.read_bytes == q + 2 * kv_fp8 and predict("attnlab", shape) == [bf16]
+    assert bf16.read_bytes == q + 2 * kv_fp8 and bf16.written_bytes == q  # the API: no LSE
+    (routed,) = predict("attnlab", shape)  # attnlab.attention's decode route keeps its LSE
+    assert routed.read_bytes == bf16.read_bytes and routed.written_bytes == q + rows * 4
     split, combine = predict("attnlab_decode_fp8", shape)
     assert (split.role, combine.role) == ("split_kv", "combine")
     assert split.read_bytes == q + kv_fp8 + descales
     assert split.written_bytes == combine.read_bytes == 2 * rows * (128 * 4 + 4)
-    assert combine.written_bytes == q + rows * 4  # O in bf16, the LSE in fp32
+    assert combine.written_bytes == q  # O in bf16; the decode API writes no LSE unasked
     # The logical model takes the cache's dtype too: 1-byte K/V read by every split.
     compared = compare_case("attnlab_decode_fp8", shape, [])
     logical = compared.logical_bytes

@@ -13,8 +13,8 @@ contiguous runs of key tiles and each run is its own program:
   the FA-2 loop over its run of tiles and writes a normalised fp32 partial output
   and its natural-log LSE (or, with one split, the final output directly);
 * **combine kernel** (:func:`_combine_partials`), one program per output row: the
-  exact merge ``o = sum_s exp(lse_s - lse) o_s``, ``lse = log sum_s exp(lse_s)``
-  (:func:`_merge_splits`).  Merging in the split launch instead (its last program per
+  exact merge ``o = sum_s exp(lse_s - lse) o_s``, ``lse = log sum_s exp(lse_s)``.
+  Merging in the split launch instead (its last program per
   row block, counted by atomics) measured slower at every point, 2.5-39 us (NOTES S19).
 
 The split rule is the reference's (:func:`attnlab.reference.split_kv`): a sequence
@@ -293,43 +293,46 @@ def _split_kv_decode(
         tl.store(O_PART + slot[:, None] * HEAD_DIM + offs_d[None, :], out, mask=q_mask)
         tl.store(O_PART + rows * num_splits * HEAD_DIM + slot, lse, mask=row_valid)
     else:
-        _store_rows(OUT, LSE_OUT, out, lse,
-                    off_b.to(tl.int64) * stride_ob + offs_m * stride_om + offs_h * stride_oh,
-                    (off_b.to(tl.int64) * num_heads + offs_h) * seqlen_q + offs_m, offs_d,
-                    q_mask, row_valid, WRITE_LSE)
+        o_ptrs = (OUT + off_b.to(tl.int64) * stride_ob + offs_m[:, None] * stride_om
+                  + offs_h[:, None] * stride_oh + offs_d[None, :])
+        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=q_mask)
+        if WRITE_LSE:
+            lse_ptrs = LSE_OUT + (off_b.to(tl.int64) * num_heads + offs_h) * seqlen_q + offs_m
+            tl.store(lse_ptrs, lse, mask=row_valid)
 
 
-@triton.jit
-def _store_rows(OUT, LSE_OUT, out, lse, o_rows, lse_rows, offs_d, mask, row_valid,
-                WRITE_LSE: tl.constexpr):
-    """Final rows: O in the output's dtype at element offsets ``o_rows``, the LSE (fp32)
-    at ``lse_rows`` where the caller asked for it."""
-    tl.store(OUT + o_rows[:, None] + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=mask)
-    if WRITE_LSE:
-        tl.store(LSE_OUT + lse_rows, lse, mask=row_valid)
+@triton.jit(do_not_specialize=["num_heads", "seqlen_q", "num_splits", "total_rows"])
+def _combine_partials(
+    # pointers: the split kernel's partials buffer (O, then LSE), the output and its LSE
+    O_PART, OUT, LSE_OUT,
+    # strides of OUT (batch, seq, head)
+    stride_ob, stride_om, stride_oh,
+    # sizes
+    num_heads, seqlen_q, num_splits, total_rows,
+    # meta-parameters
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, LSE_CHUNK: tl.constexpr,
+    O_CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    """One output row (batch, query, head): the exact merge of its splits' partials."""
+    row = tl.program_id(0).to(tl.int64)
+    off_h = row % num_heads
+    off_m = (row // num_heads) % seqlen_q
+    off_b = row // (num_heads * seqlen_q)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    lse_row = O_PART + total_rows * num_splits * HEAD_DIM + row * num_splits
+    o_row = O_PART + row * num_splits * HEAD_DIM
 
-
-@triton.jit
-def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
-                  ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                  LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr):
-    """The exact merge of rows ``row``'s split partials: ``o = sum_s exp(lse_s - lse) o_s``,
-    ``lse = log sum_s exp(lse_s)``; (O, LSE) per row."""
-    # Pass 1: each row's largest partial LSE, the base every weight is measured from.
+    # Pass 1: the largest partial LSE, the base every weight is measured from.
     offs_s = tl.arange(0, LSE_CHUNK)
-    lse_rows = LSE_PART + row * num_splits
-    lse_max = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, num_splits, LSE_CHUNK):
-        chunk = tl.load(lse_rows[:, None] + s0 + offs_s[None, :],
-                        mask=row_valid[:, None] & (s0 + offs_s[None, :] < num_splits),
-                        other=float("-inf"))
-        lse_max = tl.maximum(lse_max, tl.max(chunk, 1))
+    lse_max = tl.max(tl.load(lse_row + offs_s, mask=offs_s < num_splits, other=float("-inf")), 0)
+    for s0 in range(LSE_CHUNK, num_splits, LSE_CHUNK):
+        chunk = tl.load(lse_row + s0 + offs_s, mask=s0 + offs_s < num_splits, other=float("-inf"))
+        lse_max = tl.maximum(lse_max, tl.max(chunk, 0))
     # No split has a finite LSE: measure from 0 so every weight is exp(-inf) = 0, not NaN.
     all_empty = lse_max == float("-inf")
     base = tl.where(all_empty, 0.0, lse_max)
 
-    # Pass 2: weights exp(lse_s - base), O_CHUNK splits' rows per step (a [rows, splits,
-    # d] tile, sized by merge_chunks).  A split with LSE =
+    # Pass 2: weights exp(lse_s - base), O_CHUNK splits per step.  A split with LSE =
     # -inf weighs 0 and its O is dropped -- unless no split has a finite LSE: then O is
     # the sum of the splits' O, 0 where the row sees no key and NaN where every key it
     # sees scored -inf (0/0, as softmax over the whole row gives).  A NaN LSE (the max
@@ -337,54 +340,26 @@ def _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits,
     # O is loaded whatever its weight (then selected), so a step's O and LSE loads do not
     # wait on each other: one round trip per step, not two.
     offs_c = tl.arange(0, O_CHUNK)
-    d_mask = offs_d[None, None, :] < HEAD_DIM
-    total = tl.zeros([ROWS], dtype=tl.float32)
-    acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
+    total = tl.zeros([O_CHUNK], dtype=tl.float32)
+    acc = tl.zeros([O_CHUNK, HEAD_DIM_PAD], dtype=tl.float32)
     for s0 in range(0, num_splits, O_CHUNK):
-        in_range = row_valid[:, None] & (s0 + offs_c[None, :] < num_splits)
-        slots = row[:, None] * num_splits + s0 + offs_c[None, :]
-        lse = tl.load(lse_rows[:, None] + s0 + offs_c[None, :], mask=in_range,
-                      other=float("-inf"))
-        o = tl.load(O_PART + slots[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                    mask=in_range[:, :, None] & d_mask, other=0.0)
-        weight = tl.exp(lse - base[:, None])
-        o_weight = tl.where(all_empty[:, None], 1.0, weight)
-        total += tl.sum(weight, 1)
-        acc += tl.sum(tl.where((o_weight != 0.0)[:, :, None], o_weight[:, :, None] * o, 0.0), 1)
-    no_key = total == 0.0
-    sum_safe = tl.where(no_key, 1.0, total)
-    out = acc / sum_safe[:, None]
-    lse_out = tl.where(no_key, float("-inf"), base + tl.log(sum_safe))
-    return out, lse_out
-
-
-@triton.jit(do_not_specialize=["num_heads", "seqlen_q", "num_splits", "total_rows"])
-def _combine_partials(
-    # pointers: the split kernel's partials buffer, the output and its LSE
-    O_PART, OUT, LSE_OUT,
-    # strides of OUT (batch, seq, head)
-    stride_ob, stride_om, stride_oh,
-    # sizes
-    num_heads, seqlen_q, num_splits, total_rows,
-    # meta-parameters
-    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    LSE_CHUNK: tl.constexpr, O_CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr,
-):
-    """``ROWS`` output rows (batch, query, head) per program: the merge of their splits'
-    partials, O_CHUNK splits per step."""
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_valid = row < total_rows
-    off_h = row % num_heads
-    off_m = (row // num_heads) % seqlen_q
-    off_b = row // (num_heads * seqlen_q)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    LSE_PART = O_PART + total_rows * num_splits * HEAD_DIM
-    out, lse = _merge_splits(O_PART, LSE_PART, row, row_valid, offs_d, num_splits, ROWS,
-                             HEAD_DIM, HEAD_DIM_PAD, LSE_CHUNK, O_CHUNK)
-    mask = row_valid[:, None] & (offs_d[None, :] < HEAD_DIM)
-    _store_rows(OUT, LSE_OUT, out, lse, off_b * stride_ob + off_m * stride_om + off_h * stride_oh,
-                (off_b * num_heads + off_h) * seqlen_q + off_m, offs_d, mask, row_valid,
-                WRITE_LSE)
+        in_range = s0 + offs_c < num_splits
+        lse = tl.load(lse_row + s0 + offs_c, mask=in_range, other=float("-inf"))
+        o = tl.load(o_row + (s0 + offs_c)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=in_range[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        weight = tl.exp(lse - base)
+        o_weight = tl.where(all_empty, 1.0, weight)
+        total += weight
+        acc += tl.where((o_weight != 0.0)[:, None], o_weight[:, None] * o, 0.0)
+    weight_sum = tl.sum(total, 0)
+    no_key = weight_sum == 0.0
+    sum_safe = tl.where(no_key, 1.0, weight_sum)
+    out = tl.sum(acc, 0) / sum_safe
+    o_ptrs = OUT + off_b * stride_ob + off_m * stride_om + off_h * stride_oh + offs_d
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    if WRITE_LSE:
+        lse_out = tl.where(no_key, float("-inf"), base + tl.log(sum_safe))
+        tl.store(LSE_OUT + (off_b * num_heads + off_h) * seqlen_q + off_m, lse_out)
 
 
 # ---------------------------------------------------------------------------
@@ -479,18 +454,6 @@ def decode_plan(q, k_cache, v_cache, *, scale: float, causal: bool = False,
 _PLANS = PlanCache()
 _SPLIT = DirectLauncher(_split_kv_decode)
 _COMBINE = DirectLauncher(_combine_partials)
-# Elements per thread of the combine's [rows, splits, d] tile (_merge_splits).
-MERGE_ELEMENTS_PER_THREAD = 64
-MAX_LSE_CHUNK = 64
-
-
-def merge_chunks(rows: int, head_dim_pad: int, num_warps: int, num_splits: int) -> dict:
-    """The combine's splits per step (constexprs of :func:`_combine_partials`): LSEs up
-    to 64 at a time, O rows as many as keep its tile at ``MERGE_ELEMENTS_PER_THREAD``."""
-    splits = triton.next_power_of_2(num_splits)
-    fit = max(1, MERGE_ELEMENTS_PER_THREAD * 32 * num_warps // (rows * head_dim_pad))
-    return dict(LSE_CHUNK=min(MAX_LSE_CHUNK, splits),
-                O_CHUNK=min(splits, triton.next_power_of_2(fit + 1) // 2))
 
 
 class _DecodePlan:
@@ -591,12 +554,15 @@ class _DecodePlan:
         combine = None
         if write_partial:
             rows = self.batch * self.seqlen_q * self.num_heads
+            splits = triton.next_power_of_2(num_splits)
+            # Two warps: LSEs 64 at a time; O tiles of 64 values a thread (32 splits per
+            # step at d = 128, 16 at d = 256).
             combine = PlannedLaunch(
                 _COMBINE, (rows,),
                 (*self.out_strides, self.num_heads, self.seqlen_q, num_splits, rows),
-                dict(ROWS=1, HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
-                     WRITE_LSE=self.write_lse, num_warps=2, num_stages=1,
-                     **merge_chunks(1, self.head_dim_pad, 2, num_splits)))
+                dict(HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
+                     LSE_CHUNK=min(64, splits), O_CHUNK=min(splits, 4096 // self.head_dim_pad),
+                     WRITE_LSE=self.write_lse, num_warps=2, num_stages=1))
         self.launches[num_splits] = split, combine
         return split, combine
 

@@ -84,7 +84,10 @@ def predict(provider: str, shape: AttentionShape,
     launch = decode_launch(provider, shape, hw)
     if launch is not None:
         splits, cache = launch
-        return cache_model.predict_attnlab_decode(shape, splits, hw, **cache)
+        # The decode API writes an LSE only when asked (the providers do not ask);
+        # ``attnlab``'s decode route does.
+        return cache_model.predict_attnlab_decode(shape, splits, hw,
+                                                  writes_lse=provider == "attnlab", **cache)
     if provider == "attnlab":
         from attnlab.kernels.configs import forward_config, head_dim_padded
 
