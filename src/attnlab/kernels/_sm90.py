@@ -31,6 +31,8 @@ if gluon_refusal() is not None:
 
 # The global -> shared TMA copy under this Triton's name (async_load from 3.8).
 tma_load = getattr(tma, gluon_api().tma_load)
+# The threads' barrier (a partition's own inside warp_specialize): barrier from 3.9.
+cta_barrier = getattr(gl, gluon_api().cta_barrier)
 
 # The box a TMA descriptor copies is (1, 1, rows, head dim) (or (1, 1, rows)); the tiles
 # the MMAs read are the same bytes without the leading 1s, so each copy lands in its tile

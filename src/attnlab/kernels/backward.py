@@ -356,7 +356,7 @@ def _dq_tiles(
 
 
 @triton.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k",
-                               "num_m_blocks", "window_left", "window_right"])
+                               "num_m_blocks", "block_major", "window_left", "window_right"])
 def _attn_bwd_dq(
     # pointers; DELTA (and LSE_LOG2) are written here, for the dK/dV kernel after this one
     Q, K, V, O, DO, LSE, DLSE, DELTA, LSE_LOG2, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
@@ -369,8 +369,8 @@ def _attn_bwd_dq(
     stride_dob, stride_doh, stride_dom,
     stride_dqb, stride_dqh, stride_dqm,
     stride_lseb, stride_lseh, stride_deltab, stride_deltah,
-    # sizes
-    num_heads, group_size, seqlen_q, seqlen_k, num_m_blocks,
+    # sizes; the programs' order (dispatch.dq_block_major)
+    num_heads, group_size, seqlen_q, seqlen_k, num_m_blocks, block_major,
     window_left, window_right,
     # scalars
     qk_scale, softcap_log2, softcap_inv, scale,
@@ -384,8 +384,13 @@ def _attn_bwd_dq(
     # fp32 scalars whoever launches (Inductor passes fp64), as in forward._attn_fwd.
     qk_scale, softcap_log2 = tl.cast(qk_scale, tl.float32), tl.cast(softcap_log2, tl.float32)
     softcap_inv, scale = tl.cast(softcap_inv, tl.float32), tl.cast(scale, tl.float32)
-    pid_m = tl.program_id(0) % num_m_blocks
-    off_bh = tl.program_id(0) // num_m_blocks
+    if block_major != 0:
+        heads_by_batch = tl.num_programs(0) // num_m_blocks
+        pid_m = tl.program_id(0) // heads_by_batch
+        off_bh = tl.program_id(0) % heads_by_batch
+    else:
+        pid_m = tl.program_id(0) % num_m_blocks
+        off_bh = tl.program_id(0) // num_m_blocks
     off_b = off_bh // num_heads
     off_h = off_bh % num_heads
     off_hk = (off_h // group_size).to(tl.int64)
@@ -661,8 +666,12 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
         from attnlab.kernels.backward_sm90 import padded_seqlen, plan_launch
 
         sm90_config, copy_dout, kernel_dout = sm90
-        sm90_dkdv = plan_launch(q, k, v, kernel_dout, layout=layout, scale=scale,
-                                causal=causal, config=sm90_config)
+        sm90_dkdv = plan_launch(
+            q, k, v, kernel_dout, layout=layout, scale=scale, causal=causal, config=sm90_config,
+            schedule=dispatch.dkdv_schedule(
+                batch=batch, kv_heads=num_kv_heads, group_size=group_size, seqlen_q=seqlen_q,
+                seqlen_k=seqlen_k, causal=causal, block_m=sm90_config.block_m,
+                block_n=128, sm_count=dispatch.sm_count(q.device)))
         seqlen_pad = padded_seqlen(seqlen_q)
     # D is a fresh contiguous (batch, heads, seqlen_pad) tensor; varlen's has LSE's shape.
     if lay.is_varlen:
@@ -671,6 +680,11 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
         delta_shape = (batch, num_heads, seqlen_pad)
         delta_strides = (num_heads * seqlen_pad, seqlen_pad)
     q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
+    # Varlen's per-sequence lengths are not known here: head by head.
+    dq_block_major = not lay.is_varlen and dispatch.dq_block_major(
+        batch=batch, heads=num_heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+        causal=causal and not has_left, block_m=config.dq_block_m,
+        block_n=config.dq_block_n, sm_count=dispatch.sm_count(q.device))
     if sm90 is None:
         kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
         programs = kv_blocks * batch * num_kv_heads * (2 if config.dkdv_split else 1)
@@ -685,7 +699,8 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     dq = PlannedLaunch(dq_launcher, (q_blocks * batch * num_heads,), (
         *lay.bhs_strides(q), *lay.bhs_strides(k), *lay.bhs_strides(v),
         *lay.bhs_strides(out), *lay.bhs_strides(dout), *dq_strides, *stat_strides,
-        *delta_strides, num_heads, group_size, seqlen_q, seqlen_k, q_blocks, *scalars,
+        *delta_strides, num_heads, group_size, seqlen_q, seqlen_k, q_blocks,
+        int(dq_block_major), *scalars,
     ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,
             HAS_DLSE=has_dlse, WRITE_LSE_LOG2=sm90 is not None,

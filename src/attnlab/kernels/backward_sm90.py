@@ -64,6 +64,7 @@ from attnlab.kernels._sm90 import (
     check_producer_regs,
     code_evidence,
     compile_sm90,
+    cta_barrier,
     descriptor,
     descriptor_parts,
     hardware_refusal,
@@ -91,12 +92,13 @@ MAXNREG = launch_maxnreg(2 * CONSUMER_WARPS)
 
 @gluon.jit
 def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready, empty,
-                offs_n, m_lo, m_hi, ring, diag_offset, qk_scale,
+                offs_n, m_lo, m_hi, heads, ring, diag_offset, qk_scale,
                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
                 FORM_DK: gl.constexpr, FORM_DV: gl.constexpr,
                 s_layout: gl.constexpr, p_layout: gl.constexpr):
-    """Add the query tiles [m_lo, m_hi) of one query head to this warpgroup's dK and/or
-    dV (the one not formed is passed through untouched).
+    """Add the query tiles [m_lo, m_hi) of ``heads`` query heads to this warpgroup's dK
+    and/or dV (the one not formed is passed through untouched): the last tile first, each
+    tile for every head in turn (the producer's order, ``_load_tiles``).
 
     ``ring`` counts the tiles this program consumed before (the slot and its phase).
     Each tile's accumulates are waited for before the next tile's S^T is issued: leaving
@@ -105,12 +107,17 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
     KEYS: gl.constexpr = k_wg.shape[0]
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
-    for start_m in range(m_lo, m_hi, BLOCK_M):
+    # One loop over (tile, head) steps: nested loops kept more values live across the
+    # outer step and spilled them (Triton 3.6.0, compiled here).
+    last = m_lo + (gl.cdiv(m_hi - m_lo, BLOCK_M) - 1) * BLOCK_M
+    for step in range(gl.cdiv(m_hi - m_lo, BLOCK_M) * heads):
+        start_m = last - step // heads * BLOCK_M
         stage = ring % STAGES
         mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
         q_tile = q_smem.index(stage)
         do_tile = do_smem.index(stage)
-        s_t = warpgroup_mma(k_wg, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_t = warpgroup_mma(k_wg, q_tile.permute((1, 0)), s_zero, use_acc=False,
+                            is_async=True)
         if FORM_DK:
             dp_t = warpgroup_mma(v_wg, do_tile.permute((1, 0)), s_zero, use_acc=False,
                                  is_async=True)
@@ -122,10 +129,11 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
             offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
             visible = (gl.expand_dims(offs_n, 1) <= gl.expand_dims(offs_m, 0) + diag_offset)
             s_t = gl.where(visible, s_t, float("-inf"))
-        # LSE in log2 units, +inf where a row sees no key or is padding (P = 0, not NaN).
-        # LSE and D are read from shared memory where they are needed, not held from the
-        # top of the tile: those replicated registers made 64-row tiles spill.  (A global
-        # load of D here cost 9%, session 5 run 2; a shared one's latency is far shorter.)
+        # LSE in log2 units, +inf where a row sees no key or is padding (P = 0, not
+        # NaN).  LSE and D are read from shared memory where they are needed, not held
+        # from the top of the tile: those replicated registers made 64-row tiles spill.
+        # (A global load of D here cost 9%, session 5 run 2; a shared one's latency is
+        # far shorter.)
         lse_log2 = lse_smem.index(stage).load(row_layout)
         p_t = gl.exp2(s_t - gl.expand_dims(lse_log2, 0))
         if FORM_DV:
@@ -138,8 +146,8 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
             delta = delta_smem.index(stage).load(row_layout)
             ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
             # Unlike kernels/backward.py, hidden keys' dS is not zeroed here: the select
-            # costs the kernel 10-193 spilled registers on Triton 3.6.0 (compile test), so
-            # a NaN row (D = NaN) can also reach the dK of keys it never saw
+            # costs the kernel 10-193 spilled registers on Triton 3.6.0 (compile test),
+            # so a NaN row (D = NaN) can also reach the dK of keys it never saw
             # (docs/reliability.md).
             dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, dk,
                                is_async=True)
@@ -174,12 +182,24 @@ def _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: g
 
 
 @gluon.jit
-def _work(num_kv_blocks, num_kv_heads, BLOCK_N: gl.constexpr):
-    """This program's (key block start, batch, KV head).  Within a head the first key
-    blocks come first: causally they see the most queries."""
+def _work(num_kv_blocks, num_kv_heads, block_major, BLOCK_N: gl.constexpr,
+          HEAD_SPLIT: gl.constexpr):
+    """This program's (key block start, batch, KV head, its part of the group's query
+    heads, its (batch, KV head, key block) unit).  ``dispatch.dkdv_schedule`` orders the
+    units: head by head, the first key blocks (causally the longest) first, or
+    ``block_major``: every head's first block, then every head's second, ...  The
+    ``HEAD_SPLIT`` programs of a unit are adjacent."""
     pid = gl.program_id(0)
-    off_bh = pid // num_kv_blocks
-    return pid % num_kv_blocks * BLOCK_N, off_bh // num_kv_heads, off_bh % num_kv_heads
+    unit = pid // HEAD_SPLIT
+    heads_by_batch = gl.num_programs(0) // HEAD_SPLIT // num_kv_blocks
+    if block_major != 0:
+        block = unit // heads_by_batch
+        off_bh = unit % heads_by_batch
+    else:
+        block = unit % num_kv_blocks
+        off_bh = unit // num_kv_blocks
+    return (block * BLOCK_N, off_bh // num_kv_heads, off_bh % num_kv_heads, pid % HEAD_SPLIT,
+            off_bh * num_kv_blocks + block)
 
 
 @gluon.jit
@@ -196,48 +216,23 @@ def _store_keys(G, grad, off_b, off_hk, key0, seqlen_k, stride_b, stride_h, stri
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
-              DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
-              stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
-              num_kv_blocks, qk_scale, scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
-              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr,
-              FORM_DV: gl.constexpr):
-    """Consumer warpgroup ``WG``: keys [64 WG, 64 WG + 64) of the block, their dK and/or
-    dV (``FORM_DK``, ``FORM_DV``)."""
-    dtype: gl.constexpr = q_smem.dtype
-    KEYS: gl.constexpr = k_smem.shape[1]
-    HEAD_DIM: gl.constexpr = k_smem.shape[2]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
-    # P^T and dS^T stay in registers as wgmma's A operand.
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+def _partial(PARTIALS, slot, grad, GRADS: gl.constexpr, INDEX: gl.constexpr):
+    """Where gradient ``INDEX`` (of the ``GRADS`` a launch forms) of partial ``slot`` sits
+    in the launch's fp32 workspace, element for element as ``grad`` (a warpgroup's
+    accumulator) holds it."""
+    KEYS: gl.constexpr = grad.shape[0]
+    HEAD_DIM: gl.constexpr = grad.shape[1]
+    offs_k = gl.arange(0, KEYS, layout=gl.SliceLayout(1, grad.type.layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, grad.type.layout))
+    base = (slot.to(gl.int64) * GRADS + INDEX) * (KEYS * HEAD_DIM)
+    return PARTIALS + base + gl.expand_dims(offs_k, 1) * HEAD_DIM + gl.expand_dims(offs_d, 0)
 
-    start_n, off_b, off_hk = _work(num_kv_blocks, num_kv_heads, 2 * KEYS)
-    key0 = start_n + WG * KEYS
-    offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
-    m_lo, m_full = _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M, 2 * KEYS, IS_CAUSAL)
-    diag_offset = seqlen_k - seqlen_q
-    k_wg = k_smem.index(WG)
-    v_wg = v_smem.index(WG)
-    mbarrier.wait(kv_ready, 0)
-    ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
-    # One accumulator per gradient formed; the other name is a pass-through the
-    # compiler drops (a one-gradient launch holds 128 registers of accumulator, not 256).
-    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
-    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
-    # The group's query heads come in the producer's order; the ring carries them.
-    for _group_head in range(group_size):
-        if IS_CAUSAL:
-            dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem,
-                                       delta_smem, ready, empty, offs_n, m_lo, m_full, ring,
-                                       diag_offset, qk_scale, BLOCK_M, STAGES, True, FORM_DK,
-                                       FORM_DV, s_layout, p_layout)
-        dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem,
-                                   ready, empty, offs_n, m_full, seqlen_q, ring, diag_offset,
-                                   qk_scale, BLOCK_M, STAGES, False, FORM_DK, FORM_DV,
-                                   s_layout, p_layout)
+
+@gluon.jit
+def _store_grads(DK, DV, dk, dv, off_b, off_hk, key0, seqlen_k, scale, stride_dkb,
+                 stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                 FORM_DK: gl.constexpr, FORM_DV: gl.constexpr):
+    dtype: gl.constexpr = DK.dtype.element_ty
     if FORM_DK:
         _store_keys(DK, (dk * scale).to(dtype), off_b, off_hk, key0, seqlen_k, stride_dkb,
                     stride_dkh, stride_dkn)
@@ -247,19 +242,128 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, r
 
 
 @gluon.jit
+def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
+              DK, DV, PARTIALS, ARRIVALS, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
+              stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
+              num_kv_blocks, block_major, qk_scale, scale, WG: gl.constexpr,
+              BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+              FORM_DK: gl.constexpr, FORM_DV: gl.constexpr, HEAD_SPLIT: gl.constexpr):
+    """Consumer warpgroup ``WG``: keys [64 WG, 64 WG + 64) of the block, their dK and/or
+    dV (``FORM_DK``, ``FORM_DV``) over this program's query heads.  With ``HEAD_SPLIT``
+    = 2 the other program of the unit holds the other heads' sums: each stores its fp32
+    partial, and the second to arrive adds the first's to its own and stores the
+    gradient (one addition of two terms: the same bits whichever comes second)."""
+    KEYS: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    # P^T and dS^T stay in registers as wgmma's A operand.
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+    start_n, off_b, off_hk, part, unit = _work(num_kv_blocks, num_kv_heads, block_major,
+                                               2 * KEYS, HEAD_SPLIT)
+    key0 = start_n + WG * KEYS
+    offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+    m_lo, m_full = _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M, 2 * KEYS, IS_CAUSAL)
+    diag_offset = seqlen_k - seqlen_q
+    heads = group_size // HEAD_SPLIT
+    k_wg = k_smem.index(WG)
+    v_wg = v_smem.index(WG)
+    mbarrier.wait(kv_ready, 0)
+    ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
+    # One accumulator per gradient formed; the other name is a pass-through the
+    # compiler drops (a one-gradient launch holds 128 registers of accumulator, not 256).
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=acc_layout)
+    # The tiles come in the producer's order (``_producer``); the ring carries them.
+    dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem,
+                               ready, empty, offs_n, m_full, seqlen_q, heads, ring,
+                               diag_offset, qk_scale, BLOCK_M, STAGES, False, FORM_DK,
+                               FORM_DV, s_layout, p_layout)
+    if IS_CAUSAL:
+        dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem,
+                                   delta_smem, ready, empty, offs_n, m_lo, m_full, heads,
+                                   ring, diag_offset, qk_scale, BLOCK_M, STAGES, True,
+                                   FORM_DK, FORM_DV, s_layout, p_layout)
+    if HEAD_SPLIT == 1:
+        _store_grads(DK, DV, dk, dv, off_b, off_hk, key0, seqlen_k, scale, stride_dkb,
+                     stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, FORM_DK,
+                     FORM_DV)
+    else:
+        GRADS: gl.constexpr = 2 if FORM_DK and FORM_DV else 1
+        DV_INDEX: gl.constexpr = GRADS - 1
+        pair = unit * 2 + WG
+        if FORM_DK:
+            gl.store(_partial(PARTIALS, pair * 2 + part, dk, GRADS, 0), dk)
+        if FORM_DV:
+            gl.store(_partial(PARTIALS, pair * 2 + part, dv, GRADS, DV_INDEX), dv)
+        # CUTLASS's arrival pattern: a barrier orders every thread's stores before one
+        # thread's release; its acquire orders the loads below after the partner's stores.
+        cta_barrier()
+        arrived = gl.atomic_add(ARRIVALS + pair, 1, sem="acq_rel", scope="gpu")
+        if arrived == 1:
+            # Back to 0 for the next launch (kernel boundaries order it).
+            gl.atomic_xchg(ARRIVALS + pair, 0, sem="relaxed", scope="gpu")
+            other = pair * 2 + 1 - part
+            if FORM_DK:
+                dk = dk + gl.load(_partial(PARTIALS, other, dk, GRADS, 0))
+            if FORM_DV:
+                dv = dv + gl.load(_partial(PARTIALS, other, dv, GRADS, DV_INDEX))
+            _store_grads(DK, DV, dk, dv, off_b, off_hk, key0, seqlen_k, scale, stride_dkb,
+                         stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                         FORM_DK, FORM_DV)
+
+
+@gluon.jit
+def _load_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem,
+                delta_smem, ready, empty, off_b, first_head, heads, m_lo, m_hi, ring,
+                tile_bytes: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                FORM_DK: gl.constexpr):
+    """Q_j, dO_j and their LSE and D rows for the query tiles [m_lo, m_hi), the last tile
+    first and each tile for every head in turn: the programs of a KV head then read the
+    same rows at about the same time (each key block's first tile is the diagonal's), so
+    they come from DRAM once and from L2 for the others."""
+    last = m_lo + (gl.cdiv(m_hi - m_lo, BLOCK_M) - 1) * BLOCK_M
+    for step in range(gl.cdiv(m_hi - m_lo, BLOCK_M) * heads):
+        start_m = last - step // heads * BLOCK_M
+        off_h = first_head + step % heads
+        stage = ring % STAGES
+        # A fresh mbarrier counts as having completed the phase before phase 0.
+        mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(stage), tile_bytes)
+        tma_load_box(q_desc, [off_b, off_h, start_m, 0], ready.index(stage),
+                     q_smem.index(stage))
+        tma_load_box(do_desc, [off_b, off_h, start_m, 0], ready.index(stage),
+                     do_smem.index(stage))
+        # Past seqlen_q TMA zero-fills LSE and D, as it does Q and dO.
+        tma_load_box(lse_desc, [off_b, off_h, start_m], ready.index(stage),
+                     lse_smem.index(stage))
+        if FORM_DK:
+            tma_load_box(delta_desc, [off_b, off_h, start_m], ready.index(stage),
+                         delta_smem.index(stage))
+        ring += 1
+    return ring
+
+
+@gluon.jit
 def _producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem,
               do_smem, lse_smem, delta_smem, kv_ready, ready, empty, num_kv_heads, group_size,
-              seqlen_q, seqlen_k, num_kv_blocks, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr):
-    """The producer partition (one warp): the K/V block once, then Q_j, dO_j and their
-    LSE and D rows per tile of every query head of the group, paced by the ring's empty
-    barriers.  Each box lands in the tile the MMAs read (``tma_load_box``).  A dV-only
-    launch (no ``FORM_DK``) needs neither V nor D."""
+              seqlen_q, seqlen_k, num_kv_blocks, block_major, BLOCK_M: gl.constexpr,
+              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr,
+              HEAD_SPLIT: gl.constexpr):
+    """The producer partition (one warp): the K/V block once, then the query tiles of
+    this program's query heads, paced by the ring's empty barriers: the unmasked tiles,
+    then (causal) the diagonal's, in the consumers' order.  Each box lands in the tile
+    the MMAs read (``tma_load_box``).  A dV-only launch (no ``FORM_DK``) needs neither V
+    nor D."""
     KEYS: gl.constexpr = k_smem.shape[1]
     tile_bytes: gl.constexpr = (2 * q_desc.block_type.nbytes + lse_desc.block_type.nbytes
                                 + (delta_desc.block_type.nbytes if FORM_DK else 0))
 
-    start_n, off_b, off_hk = _work(num_kv_blocks, num_kv_heads, 2 * KEYS)
+    start_n, off_b, off_hk, part, _unit = _work(num_kv_blocks, num_kv_heads, block_major,
+                                                2 * KEYS, HEAD_SPLIT)
     mbarrier.expect(kv_ready, (4 if FORM_DK else 2) * k_desc.block_type.nbytes)
     for half in gl.static_range(2):
         tma_load_box(k_desc, [off_b, off_hk, start_n + half * KEYS, 0], kv_ready,
@@ -269,46 +373,40 @@ def _producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_s
                          v_smem.index(half))
 
     m_lo, m_full = _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M, 2 * KEYS, IS_CAUSAL)
+    heads = group_size // HEAD_SPLIT
+    first_head = off_hk * group_size + part * heads
     ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
-    for group_head in range(group_size):
-        off_h = off_hk * group_size + group_head
-        for start_m in range(m_lo, seqlen_q, BLOCK_M):
-            stage = ring % STAGES
-            # A fresh mbarrier counts as having completed the phase before phase 0.
-            mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(stage), tile_bytes)
-            tma_load_box(q_desc, [off_b, off_h, start_m, 0], ready.index(stage),
-                         q_smem.index(stage))
-            tma_load_box(do_desc, [off_b, off_h, start_m, 0], ready.index(stage),
-                         do_smem.index(stage))
-            # Past seqlen_q TMA zero-fills LSE and D, as it does Q and dO.
-            tma_load_box(lse_desc, [off_b, off_h, start_m], ready.index(stage),
-                         lse_smem.index(stage))
-            if FORM_DK:
-                tma_load_box(delta_desc, [off_b, off_h, start_m], ready.index(stage),
-                             delta_smem.index(stage))
-            ring += 1
+    ring = _load_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem,
+                       delta_smem, ready, empty, off_b, first_head, heads, m_full, seqlen_q,
+                       ring, tile_bytes, BLOCK_M, STAGES, FORM_DK)
+    if IS_CAUSAL:
+        ring = _load_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem,
+                           delta_smem, ready, empty, off_b, first_head, heads, m_lo, m_full,
+                           ring, tile_bytes, BLOCK_M, STAGES, FORM_DK)
 
 
 # Lengths and head counts change per call; specialising on them would multiply compiles.
 @gluon.jit(do_not_specialize=["num_kv_heads", "group_size", "seqlen_q", "seqlen_k",
-                              "num_kv_blocks"])
+                              "num_kv_blocks", "block_major"])
 def _attn_bwd_dkdv_sm90(
     # TMA descriptors (host-built, 4-D: batch, head, sequence, head dim)
     k_desc, v_desc, q_desc, do_desc,
     # TMA descriptors of LSE (log2 units) and D: (batch, heads, seqlen_q) fp32 views of
     # rows padded to padded_seqlen
     lse_desc, delta_desc,
-    # dK, dV with (batch, head, seq) strides
-    DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-    # sizes
-    num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks,
+    # dK, dV with (batch, head, seq) strides; a split launch's fp32 partials and its
+    # arrival counters (zero, and left zero)
+    DK, DV, PARTIALS, ARRIVALS,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+    # sizes; the order of the programs (dispatch.dkdv_schedule)
+    num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks, block_major,
     # scalars: softmax scale in log2 units, and the plain scale dK is multiplied by
     qk_scale, scale,
     # meta-parameters
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr, FORM_DV: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    HEAD_SPLIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     dtype: gl.constexpr = DK.dtype.element_ty
     KEYS: gl.constexpr = _KEYS
@@ -339,19 +437,19 @@ def _attn_bwd_dkdv_sm90(
     gl.warp_specialize([
         # The default partition is consumer warpgroup 0, the first worker warpgroup 1.
         (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
-                     empty, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
-                     stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
-                     num_kv_blocks, qk_scale, scale, 0, BLOCK_M, STAGES, IS_CAUSAL,
-                     FORM_DK, FORM_DV)),
+                     empty, DK, DV, PARTIALS, ARRIVALS, stride_dkb, stride_dkh, stride_dkn,
+                     stride_dvb, stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q,
+                     seqlen_k, num_kv_blocks, block_major, qk_scale, scale, 0, BLOCK_M,
+                     STAGES, IS_CAUSAL, FORM_DK, FORM_DV, HEAD_SPLIT)),
         (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
-                     empty, DK, DV, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
-                     stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
-                     num_kv_blocks, qk_scale, scale, 1, BLOCK_M, STAGES, IS_CAUSAL,
-                     FORM_DK, FORM_DV)),
+                     empty, DK, DV, PARTIALS, ARRIVALS, stride_dkb, stride_dkh, stride_dkn,
+                     stride_dvb, stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q,
+                     seqlen_k, num_kv_blocks, block_major, qk_scale, scale, 1, BLOCK_M,
+                     STAGES, IS_CAUSAL, FORM_DK, FORM_DV, HEAD_SPLIT)),
         (_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
                      q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
-                     num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks, BLOCK_M,
-                     STAGES, IS_CAUSAL, FORM_DK)),
+                     num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks,
+                     block_major, BLOCK_M, STAGES, IS_CAUSAL, FORM_DK, HEAD_SPLIT)),
     ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
     mbarrier.invalidate(kv_ready)
@@ -484,34 +582,53 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
 
 class PlannedLaunches:
     """Launches made one after the other with the same arguments: at d = 256 the dV
-    launch, then the dK launch (``ONE_GRADIENT_PER_LAUNCH``)."""
+    launch, then the dK launch (``ONE_GRADIENT_PER_LAUNCH``).  A split schedule's
+    launches share one fp32 workspace for the partials and one zeroed set of arrival
+    counters (each launch leaves them zero)."""
 
-    def __init__(self, launches: tuple[PlannedGluonLaunch, ...]) -> None:
-        self.launches = launches
+    def __init__(self, launches: tuple[PlannedGluonLaunch, ...], *, partials: int = 0,
+                 arrivals: int = 0) -> None:
+        self.launches, self.partials, self.arrivals = launches, partials, arrivals
 
     def __call__(self, bases: tuple, tensors: tuple) -> None:
+        dk = tensors[0]
+        if self.partials:
+            partials = torch.empty(self.partials, dtype=torch.float32, device=dk.device)
+            arrivals = torch.zeros(self.arrivals, dtype=torch.int32, device=dk.device)
+        else:
+            partials = arrivals = dk  # any pointer: the kernel reads neither
         for launch in self.launches:
-            launch(bases, tensors)
+            launch(bases, (*tensors, partials, arrivals))
 
 
 def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
                 layout: str, scale: float, causal: bool,
-                config: Sm90BackwardConfig) -> PlannedLaunches:
-    """The launch(es) for tensors of these sizes, strides and alignment.  Called as
-    ``planned((k, v, q, dout, lse_log2, delta), (dk, dv))``: dK, dV, LSE·log2 e and D
-    must be fresh contiguous allocations, the last two (batch, heads, ``padded_seqlen``)."""
+                config: Sm90BackwardConfig, schedule=None) -> PlannedLaunches:
+    """The launch(es) for tensors of these sizes, strides and alignment, in the program
+    order of ``schedule`` (a ``dispatch.BackwardSchedule``; None: head by head, unsplit).
+    Called as ``planned((k, v, q, dout, lse_log2, delta), (dk, dv))``: dK, dV, LSE·log2 e
+    and D must be fresh contiguous allocations, the last two (batch, heads,
+    ``padded_seqlen``)."""
     inputs = AttentionInputs.read(q, k, k, layout)
     batch, seqlen_q, num_heads, head_dim = (inputs.batch, inputs.seqlen_q, inputs.heads,
                                             inputs.head_dim)
     seqlen_k, num_kv_heads = inputs.seqlen_k, inputs.kv_heads
+    group_size = num_heads // num_kv_heads
+    block_major, head_split = (schedule.block_major, schedule.head_split) if schedule else \
+        (False, 1)
+    # The kernel merges exactly two partials (one addition: the same bits either way).
+    if head_split not in (1, 2) or group_size % head_split:
+        raise ValueError(f"head_split must be 1 or 2 and divide the GQA group ({group_size} "
+                         f"query heads per KV head), got {head_split}")
     num_kv_blocks = triton.cdiv(seqlen_k, BLOCK_N)
-    grid = (num_kv_blocks * batch * num_kv_heads,)
+    units = num_kv_blocks * batch * num_kv_heads
+    grid = (units * head_split,)
     # dK and dV are allocated contiguous in the layout of k and v.
     out_strides = 2 * layout_named(layout).bhs_strides(torch.empty(k.shape, device="meta"))
     rows = torch.empty((batch, num_heads, padded_seqlen(seqlen_q)), dtype=torch.float32,
                        device="meta")
     static = (*out_strides,
-              num_kv_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_kv_blocks,
+              num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks, int(block_major),
               scale * LOG2E, scale)
     key_blocks = (PlannedDescriptor(k, descriptor_parts(k, layout, KEYS_PER_WARPGROUP)),
                   PlannedDescriptor(v, descriptor_parts(v, layout, KEYS_PER_WARPGROUP)))
@@ -525,22 +642,29 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
                        PlannedDescriptor(dout, descriptor_parts(dout, layout, block_m)),
                        row_descriptor, row_descriptor)  # LSE·log2 e and D
         # dK and dV are fresh allocations (16-byte aligned).
-        key = (config, causal, *launch[:2], head_dim, q.dtype, q.device,
+        key = (config, causal, *launch[:2], head_split, head_dim, q.dtype, q.device,
                tuple(int_class(s) for s in out_strides),
                max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
-        launches.append(PlannedGluonLaunch(_COMPILED, _attn_bwd_dkdv_sm90, grid, descriptors,
-                                           static, _constexprs(head_dim, causal, config, launch),
-                                           key, MAXNREG))
-    return PlannedLaunches(tuple(launches))
+        launches.append(PlannedGluonLaunch(
+            _COMPILED, _attn_bwd_dkdv_sm90, grid, descriptors, static,
+            _constexprs(head_dim, causal, config, launch, head_split), key, MAXNREG))
+    if head_split == 1:
+        return PlannedLaunches(tuple(launches))
+    # Per unit and consumer warpgroup: each program's partial of every gradient a launch
+    # forms (the most of its launches), and one counter.
+    grads = max(launch[0] + launch[1] for launch in config.launches(head_dim))
+    return PlannedLaunches(tuple(launches), partials=units * 2 * head_split * grads * BLOCK_N
+                           // 2 * head_dim, arrivals=units * 2)
 
 
-def _constexprs(head_dim: int, causal: bool, config: Sm90BackwardConfig, launch: tuple
-                ) -> dict:
+def _constexprs(head_dim: int, causal: bool, config: Sm90BackwardConfig, launch: tuple,
+                head_split: int = 1) -> dict:
     """The kernel's meta-parameters for one of ``config.launches(head_dim)``."""
     form_dk, form_dv, block_m, stages = launch
     return dict(HEAD_DIM=head_dim, BLOCK_M=block_m, STAGES=stages, IS_CAUSAL=causal,
-                FORM_DK=form_dk, FORM_DV=form_dv, PRODUCER_REGS=config.producer_regs,
-                CONSUMER_REGS=CONSUMER_REGS, num_warps=CONSUMER_WARPS)
+                FORM_DK=form_dk, FORM_DV=form_dv, HEAD_SPLIT=head_split,
+                PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=CONSUMER_REGS,
+                num_warps=CONSUMER_WARPS)
 
 
 # Launched kernels by what Triton specialises them on (config, mask, head dim, dtype,
@@ -553,10 +677,12 @@ _COMPILED: dict[tuple, object] = {}
 # ---------------------------------------------------------------------------
 
 def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
-                     causal: bool = False, dtype: str = "bf16", form: str = ""):
+                     causal: bool = False, dtype: str = "bf16", form: str = "",
+                     head_split: int = 1):
     """The compiled kernel (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata``) for sm_90a:
     ``form`` "dk" or "dv" is one launch of a one-gradient head dim (default: its dK
-    launch, the larger), "dkdv" the two-gradient kernel."""
+    launch, the larger), "dkdv" the two-gradient kernel; ``head_split`` 2 the split
+    schedule's (partials merged at the end)."""
     from triton.runtime.jit import mangle_type
 
     config = config or DEFAULT_CONFIGS[head_dim]
@@ -576,16 +702,16 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
                                                                              block_m)))
     signature = {"k_desc": kv_type, "v_desc": kv_type, "q_desc": q_type, "do_desc": q_type,
                  "lse_desc": row_type, "delta_desc": row_type,
-                 "DK": f"*{dtype}", "DV": f"*{dtype}"}
+                 "DK": f"*{dtype}", "DV": f"*{dtype}", "PARTIALS": "*fp32", "ARRIVALS": "*i32"}
     strides = ("stride_dkb", "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh",
                "stride_dvn")
     for name in (*strides, "num_kv_heads", "group_size", "seqlen_q", "seqlen_k",
-                 "num_kv_blocks"):
+                 "num_kv_blocks", "block_major"):
         signature[name] = "i32"
     signature.update(qk_scale="fp32", scale="fp32")
-    constants = _constexprs(head_dim, causal, config, forms[form])
+    constants = _constexprs(head_dim, causal, config, forms[form], head_split)
     return compile_sm90(_attn_bwd_dkdv_sm90, signature, constants,
-                        ("DK", "DV", *strides), MAXNREG)
+                        ("DK", "DV", "PARTIALS", "ARRIVALS", *strides), MAXNREG)
 
 
 def sass_evidence(asm: dict) -> dict:

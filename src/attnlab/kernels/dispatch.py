@@ -229,3 +229,107 @@ def sm_count(device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return NOMINAL_SM_COUNT
+
+
+# ---------------------------------------------------------------------------
+# The backward's launch order (kernels/backward.py asks once per plan): which programs
+# the block scheduler starts first, and whether a key block's query heads are shared
+# between two programs.  Closed-form arithmetic on host-known sizes.
+# ---------------------------------------------------------------------------
+
+# A program's fixed work (its own block's load, its epilogue), and the merge's of a
+# key block split between two programs (a fp32 partial stored, the other's read back),
+# in units of one tile's work.
+PROGRAM_OVERHEAD_TILES = 1.0
+MERGE_OVERHEAD_TILES = 1.0
+# Block-major order spreads a wave over every head's rows (less reuse in L2) and a split
+# adds a merge: each is taken only where it shortens the launch by at least this much.
+SCHEDULE_GAIN_FRACTION = 0.05
+# With this many programs per slot the default order is already within a few percent.
+SCHEDULE_MAX_WAVES = 8
+
+
+def greedy_makespan(works, slots: int) -> float:
+    """When the last of ``works`` (per program, in launch order) ends if the GPU starts
+    each on the first of ``slots`` program slots to free up, as its block scheduler does."""
+    import heapq
+
+    free = [0.0] * min(slots, len(works))
+    for work in works:
+        heapq.heapreplace(free, free[0] + work)
+    return max(free, default=0.0)
+
+
+@dataclass(frozen=True)
+class BackwardSchedule:
+    """How a backward launch orders its programs.  ``block_major``: block by block, each
+    block's (batch, head) programs together, the heaviest block first (the longest
+    programs start first, so the short ones fill the tail); else head by head, as
+    consecutive programs share the most rows through L2.  ``head_split``: programs per
+    (key block, KV head), each taking ``group_size / head_split`` of its query heads
+    (2: the two merge their partial dK, dV: one addition, the same bits either way)."""
+
+    block_major: bool = False
+    head_split: int = 1
+
+
+def _pick(candidates: dict) -> BackwardSchedule:
+    """The first candidate (the simplest: dict order) within SCHEDULE_GAIN_FRACTION of
+    the shortest makespan."""
+    best = min(candidates.values())
+    return next(s for s, span in candidates.items() if span <= best / (1 - SCHEDULE_GAIN_FRACTION))
+
+
+@functools.lru_cache(maxsize=1024)
+def dkdv_schedule(*, batch: int, kv_heads: int, group_size: int, seqlen_q: int, seqlen_k: int,
+                  causal: bool, block_m: int, block_n: int, sm_count: int) -> BackwardSchedule:
+    """The Gluon dK/dV kernel's schedule: one program per (key block, batch, KV head), or
+    two sharing its query heads, one program per SM.  A program's work is its query tiles
+    times its query heads: causally (bottom-right) key block j sees the tiles from
+    ``max(j*block_n - (seqlen_k - seqlen_q), 0)`` on, so the first blocks are the longest.
+    Example, the seed's layer (24q/4kv, d = 256, 4k, 32-row tiles, 132 SMs): 128 programs
+    of 4 to 129 tiles x 6 heads, the longest ~2x the average: split in two (256 programs,
+    block-major) the launch's makespan is 0.52x; at 16k and beyond the default is within
+    2%."""
+    blocks = -(-seqlen_k // block_n)
+    units = batch * kv_heads
+    if not causal or units * blocks >= SCHEDULE_MAX_WAVES * sm_count:
+        return BackwardSchedule()
+    diag = seqlen_k - seqlen_q
+    tiles = []
+    for j in range(blocks):
+        first = max(j * block_n - diag, 0) // block_m * block_m
+        tiles.append(max(0, -(-(seqlen_q - first) // block_m)))
+    candidates = {}
+    for split in (1, 2) if group_size % 2 == 0 else (1,):
+        heads = group_size // split
+        extra = PROGRAM_OVERHEAD_TILES + (MERGE_OVERHEAD_TILES if split > 1 else 0.0)
+        work = [t * heads + extra for t in tiles]
+        head_major = [w for _ in range(units) for w in work for _ in range(split)]
+        block_major = [w for w in work for _ in range(units * split)]
+        candidates[BackwardSchedule(False, split)] = greedy_makespan(head_major, sm_count)
+        candidates[BackwardSchedule(True, split)] = greedy_makespan(block_major, sm_count)
+    return _pick(candidates)
+
+
+@functools.lru_cache(maxsize=1024)
+def dq_block_major(*, batch: int, heads: int, seqlen_q: int, seqlen_k: int, causal: bool,
+                   block_m: int, block_n: int, sm_count: int) -> bool:
+    """Whether the dQ kernel runs block-major (:class:`BackwardSchedule`): causally its
+    last query blocks see the most keys (``REVERSE_M`` starts them first within a head);
+    with few programs per SM, head by head leaves the other heads' long blocks for the
+    tail.  The seed's layer at 4k (768 programs of 1 to 32 key tiles at 132 SMs): 0.85x
+    the makespan block-major."""
+    blocks = -(-seqlen_q // block_m)
+    units = batch * heads
+    if not causal or units * blocks >= SCHEDULE_MAX_WAVES * sm_count:
+        return False
+    diag = seqlen_k - seqlen_q
+    # Rows [m, m + block_m) see keys [0, m + block_m + diag), the last block first.
+    work = [max(0, -(-min(seqlen_k, m * block_m + block_m + diag) // block_n))
+            + PROGRAM_OVERHEAD_TILES for m in reversed(range(blocks))]
+    candidates = {BackwardSchedule(False): greedy_makespan([w for _ in range(units) for w in work],
+                                                           sm_count),
+                  BackwardSchedule(True): greedy_makespan([w for w in work for _ in range(units)],
+                                                          sm_count)}
+    return _pick(candidates).block_major
