@@ -12,7 +12,6 @@ import pytest
 from attnlab.kernels import _compat
 from attnlab.kernels._compat import (
     GluonApi,
-    cta_barrier_name,
     expect_takes_bytes_second,
     launcher_convention,
     probe_gluon,
@@ -75,17 +74,6 @@ def test_expect_must_take_the_byte_count_second_whatever_its_name():
     assert expect_takes_bytes_second(installed_gluon()["mbarrier"].expect)
 
 
-def test_the_threads_barrier_is_found_under_either_name():
-    def barrier(*, cluster=False, _semantic=None): ...  # 3.9
-
-    def thread_barrier(_semantic=None): ...  # 3.6-3.8
-
-    assert cta_barrier_name(SimpleNamespace(barrier=barrier, thread_barrier=None)) == "barrier"
-    assert cta_barrier_name(SimpleNamespace(thread_barrier=thread_barrier)) == "thread_barrier"
-    assert cta_barrier_name(SimpleNamespace()) is None
-    assert cta_barrier_name(installed_gluon()["gl"]) is not None
-
-
 def test_the_installed_gluon_is_recognised():
     api = probe_gluon(installed_gluon())
     assert isinstance(api, GluonApi), api
@@ -102,14 +90,11 @@ def test_a_gluon_missing_what_the_kernels_call_is_refused_by_name():
         if not name.startswith("__")})}
     changed["gl"].warp_specialize = warp_specialize
     del changed["gl"].SwizzledSharedLayout
-    for name in ("barrier", "thread_barrier"):
-        if hasattr(changed["gl"], name):
-            delattr(changed["gl"], name)
     changed["tma"] = SimpleNamespace()
     reason = probe_gluon(changed)
     assert isinstance(reason, str)
     for words in ("gl.warp_specialize(functions_and_args, worker_num_warps, worker_num_regs)",
-                  "gl.SwizzledSharedLayout", "tma.async_load", "gl.barrier / thread_barrier"):
+                  "gl.SwizzledSharedLayout", "tma.async_load"):
         assert words in reason
 
 

@@ -40,7 +40,6 @@ class GluonApi:
 
     tma_load: str     # hopper.tma's global -> shared copy: async_load or its older name
     reinterpret: str  # shared_memory_descriptor's method: reinterpret or _reinterpret
-    cta_barrier: str  # the threads' barrier (a partition's, inside warp_specialize)
 
 
 def first_name(owner, names: tuple[str, ...]) -> str | None:
@@ -65,11 +64,6 @@ def tma_load_name(tma) -> str | None:
 def reinterpret_name(descriptor_class) -> str | None:
     """3.9+: ``reinterpret``; 3.6-3.8: ``_reinterpret``."""
     return first_name(descriptor_class, ("reinterpret", "_reinterpret"))
-
-
-def cta_barrier_name(gl) -> str | None:
-    """3.9+: ``barrier``; 3.6-3.8: ``thread_barrier``."""
-    return first_name(gl, ("barrier", "thread_barrier"))
 
 
 def expect_takes_bytes_second(expect) -> bool:
@@ -118,12 +112,9 @@ def probe_gluon(modules: dict) -> GluonApi | str:
     reinterpret = reinterpret_name(getattr(modules["gl"], "shared_memory_descriptor", None))
     if reinterpret is None:
         missing.append("shared_memory_descriptor.reinterpret / _reinterpret")
-    cta_barrier = cta_barrier_name(modules["gl"])
-    if cta_barrier is None:
-        missing.append("gl.barrier / thread_barrier")
     if missing:
         return f"this Triton's Gluon lacks what the kernels call: {', '.join(missing)}"
-    return GluonApi(tma_load=tma_load, reinterpret=reinterpret, cta_barrier=cta_barrier)
+    return GluonApi(tma_load=tma_load, reinterpret=reinterpret)
 
 
 @functools.cache

@@ -31,8 +31,15 @@ if gluon_refusal() is not None:
 
 # The global -> shared TMA copy under this Triton's name (async_load from 3.8).
 tma_load = getattr(tma, gluon_api().tma_load)
-# The threads' barrier (a partition's own inside warp_specialize): barrier from 3.9.
-cta_barrier = getattr(gl, gluon_api().cta_barrier)
+
+# A ring of per-row statistics (LSE, D) that TMA fills, [STAGES, 1, rows] fp32.  Its
+# layout is NVMMA's for the placement alone: TMA writes only to 128-byte aligned shared
+# memory, and the allocator places a swizzled-layout buffer at 16 bytes (session 17: two
+# more warp_specialize captures moved the backward's LSE ring to 196880, "misaligned
+# address").  Unswizzled, its slots are plain rows (``row_slot``).
+ROW_RING_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
+                                                    rank=2))
+PLAIN_ROW = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
 # The box a TMA descriptor copies is (1, 1, rows, head dim) (or (1, 1, rows)); the tiles
 # the MMAs read are the same bytes without the leading 1s, so each copy lands in its tile
@@ -43,12 +50,22 @@ if gluon_api().reinterpret == "reinterpret":
         """TMA copy of ``desc``'s box at ``coord`` into ``tile``, completing ``barrier``."""
         tma_load(desc, coord, barrier, tile.reinterpret(desc.dtype, desc.block_shape,
                                                         desc.layout))
+
+    @gluon.jit
+    def row_slot(ring, stage):
+        """Slot ``stage`` of a ``ROW_RING_LAYOUT`` ring as the plain row it holds."""
+        return ring.index(stage).reinterpret(ring.dtype, [ring.shape[2]], PLAIN_ROW)
 else:
     @gluon.jit
     def tma_load_box(desc, coord, barrier, tile):
         """TMA copy of ``desc``'s box at ``coord`` into ``tile``, completing ``barrier``."""
         tma_load(desc, coord, barrier, tile._reinterpret(desc.dtype, desc.block_shape,
                                                          desc.layout))
+
+    @gluon.jit
+    def row_slot(ring, stage):
+        """Slot ``stage`` of a ``ROW_RING_LAYOUT`` ring as the plain row it holds."""
+        return ring.index(stage)._reinterpret(ring.dtype, [ring.shape[2]], PLAIN_ROW)
 
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)

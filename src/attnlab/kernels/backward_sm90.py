@@ -59,17 +59,18 @@ from attnlab.inputs import AttentionInputs, layout_named
 from attnlab.kernels._launch import int_class
 from attnlab.kernels._primitives import LOG2E
 from attnlab.kernels._sm90 import (
+    ROW_RING_LAYOUT,
     PlannedDescriptor,
     PlannedGluonLaunch,
     check_producer_regs,
     code_evidence,
     compile_sm90,
-    cta_barrier,
     descriptor,
     descriptor_parts,
     hardware_refusal,
     launch_maxnreg,
     on_sm90_capability,
+    row_slot,
     row_stat_descriptor_parts,
     shared_memory_refusal,
     tma_aligned,
@@ -134,7 +135,7 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
         # from the top of the tile: those replicated registers made 64-row tiles spill.
         # (A global load of D here cost 9%, session 5 run 2; a shared one's latency is
         # far shorter.)
-        lse_log2 = lse_smem.index(stage).load(row_layout)
+        lse_log2 = row_slot(lse_smem, stage).load(row_layout)
         p_t = gl.exp2(s_t - gl.expand_dims(lse_log2, 0))
         if FORM_DV:
             dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_tile, dv,
@@ -143,7 +144,7 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
             # dV (where formed) runs on under dS.
             dp_t, _ = warpgroup_mma_wait(num_outstanding=1 if FORM_DV else 0,
                                          deps=(dp_t, v_wg))
-            delta = delta_smem.index(stage).load(row_layout)
+            delta = row_slot(delta_smem, stage).load(row_layout)
             ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
             # Unlike kernels/backward.py, hidden keys' dS is not zeroed here: the select
             # costs the kernel 10-193 spilled registers on Triton 3.6.0 (compile test),
@@ -203,16 +204,17 @@ def _work(num_kv_blocks, num_kv_heads, block_major, BLOCK_N: gl.constexpr,
 
 
 @gluon.jit
-def _store_keys(G, grad, off_b, off_hk, key0, seqlen_k, stride_b, stride_h, stride_n):
-    """This warpgroup's rows of dK or dV, as they come out of wgmma.  Keys no query sees
-    never met a visible score: their rows are exactly 0."""
+def _store_keys(G, grad, off_b, off_hk, key0, seqlen_k, stride_b, stride_h, stride_n, rows):
+    """This warpgroup's rows of dK or dV, as they come out of wgmma, where ``rows`` (a
+    [KEYS, 1] mask) says so.  Keys no query sees never met a visible score: their rows
+    are exactly 0."""
     KEYS: gl.constexpr = grad.shape[0]
     HEAD_DIM: gl.constexpr = grad.shape[1]
     offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, grad.type.layout))
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, grad.type.layout))
     ptrs = (G + off_b.to(gl.int64) * stride_b + off_hk.to(gl.int64) * stride_h
             + gl.expand_dims(offs_k, 1).to(gl.int64) * stride_n + gl.expand_dims(offs_d, 0))
-    gl.store(ptrs, grad, mask=gl.expand_dims(offs_k, 1) < seqlen_k)
+    gl.store(ptrs, grad, mask=(gl.expand_dims(offs_k, 1) < seqlen_k) & rows)
 
 
 @gluon.jit
@@ -231,14 +233,14 @@ def _partial(PARTIALS, slot, grad, GRADS: gl.constexpr, INDEX: gl.constexpr):
 @gluon.jit
 def _store_grads(DK, DV, dk, dv, off_b, off_hk, key0, seqlen_k, scale, stride_dkb,
                  stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                 FORM_DK: gl.constexpr, FORM_DV: gl.constexpr):
+                 FORM_DK: gl.constexpr, FORM_DV: gl.constexpr, rows):
     dtype: gl.constexpr = DK.dtype.element_ty
     if FORM_DK:
         _store_keys(DK, (dk * scale).to(dtype), off_b, off_hk, key0, seqlen_k, stride_dkb,
-                    stride_dkh, stride_dkn)
+                    stride_dkh, stride_dkn, rows)
     if FORM_DV:
         _store_keys(DV, dv.to(dtype), off_b, off_hk, key0, seqlen_k, stride_dvb, stride_dvh,
-                    stride_dvn)
+                    stride_dvn, rows)
 
 
 @gluon.jit
@@ -251,8 +253,9 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, r
     """Consumer warpgroup ``WG``: keys [64 WG, 64 WG + 64) of the block, their dK and/or
     dV (``FORM_DK``, ``FORM_DV``) over this program's query heads.  With ``HEAD_SPLIT``
     = 2 the other program of the unit holds the other heads' sums: each stores its fp32
-    partial, and the second to arrive adds the first's to its own and stores the
-    gradient (one addition of two terms: the same bits whichever comes second)."""
+    partial, and per 8 rows (``_arrive``) the second to arrive adds the first's to its
+    own and stores the gradient (one addition of two terms: the same bits whichever
+    comes second)."""
     KEYS: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -288,9 +291,10 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, r
                                    ring, diag_offset, qk_scale, BLOCK_M, STAGES, True,
                                    FORM_DK, FORM_DV, s_layout, p_layout)
     if HEAD_SPLIT == 1:
+        every_row = gl.full([KEYS, 1], 1, gl.int1, layout=acc_layout)
         _store_grads(DK, DV, dk, dv, off_b, off_hk, key0, seqlen_k, scale, stride_dkb,
                      stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, FORM_DK,
-                     FORM_DV)
+                     FORM_DV, every_row)
     else:
         GRADS: gl.constexpr = 2 if FORM_DK and FORM_DV else 1
         DV_INDEX: gl.constexpr = GRADS - 1
@@ -299,21 +303,46 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, r
             gl.store(_partial(PARTIALS, pair * 2 + part, dk, GRADS, 0), dk)
         if FORM_DV:
             gl.store(_partial(PARTIALS, pair * 2 + part, dv, GRADS, DV_INDEX), dv)
-        # CUTLASS's arrival pattern: a barrier orders every thread's stores before one
-        # thread's release; its acquire orders the loads below after the partner's stores.
-        cta_barrier()
-        arrived = gl.atomic_add(ARRIVALS + pair, 1, sem="acq_rel", scope="gpu")
-        if arrived == 1:
-            # Back to 0 for the next launch (kernel boundaries order it).
-            gl.atomic_xchg(ARRIVALS + pair, 0, sem="relaxed", scope="gpu")
-            other = pair * 2 + 1 - part
-            if FORM_DK:
-                dk = dk + gl.load(_partial(PARTIALS, other, dk, GRADS, 0))
-            if FORM_DV:
-                dv = dv + gl.load(_partial(PARTIALS, other, dv, GRADS, DV_INDEX))
-            _store_grads(DK, DV, dk, dv, off_b, off_hk, key0, seqlen_k, scale, stride_dkb,
-                         stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                         FORM_DK, FORM_DV)
+        rows = gl.arange(0, KEYS, layout=gl.SliceLayout(1, acc_layout))
+        second = gl.expand_dims(_arrive(ARRIVALS + pair * (KEYS // 8) + rows // 8) == 1, 1)
+        other = pair * 2 + 1 - part
+        if FORM_DK:
+            dk = dk + gl.load(_partial(PARTIALS, other, dk, GRADS, 0), mask=second, other=0.0)
+        if FORM_DV:
+            dv = dv + gl.load(_partial(PARTIALS, other, dv, GRADS, DV_INDEX), mask=second,
+                              other=0.0)
+        _store_grads(DK, DV, dk, dv, off_b, off_hk, key0, seqlen_k, scale, stride_dkb,
+                     stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, FORM_DK,
+                     FORM_DV, second)
+
+
+@gluon.jit
+def _arrive(counters):
+    """Per warp and 8-row half of its 16 accumulator rows (``counters``: one per row, the
+    8 rows of a half sharing one): the half's arrivals before this one, 0 or 1, as every
+    lane of the warp sees it.  Lane 0 counts for the warp, after a warp barrier that
+    orders the lanes' partial stores before its release; its acquire, the shuffle and a
+    second warp barrier order the lanes' loads of the other program's partial after it.
+    The second arrival returns the counter to 0 for the next launch.  In PTX, not with
+    a scalar atomic: that broadcasts its result through a shared-memory scratch word,
+    which moved the LSE ring off TMA's 128-byte alignment (session 17: "misaligned
+    address" at d = 256)."""
+    return gl.inline_asm_elementwise(
+        """{
+        .reg .pred lead, last;
+        .reg .b32 old, zero, lane;
+        mov.u32 old, 0;
+        mov.u32 zero, 0;
+        mov.u32 lane, %laneid;
+        setp.eq.u32 lead, lane, 0;
+        bar.warp.sync -1;
+        @lead atom.acq_rel.gpu.global.add.u32 old, [$1], 1;
+        setp.eq.and.u32 last, old, 1, lead;
+        @last st.relaxed.gpu.global.u32 [$1], zero;
+        shfl.sync.idx.b32 $0, old, 0, 31, -1;
+        bar.warp.sync -1;
+        }""",
+        "=r,l", [counters], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -416,13 +445,13 @@ def _attn_bwd_dkdv_sm90(
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
     # One plain row per slot: the unswizzled bytes the TMA box [1, 1, BLOCK_M] writes.
-    row_smem_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_smem_layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], ROW_RING_LAYOUT)
     # dP = V dO^T and D are dK's alone: a dV-only launch names K's and LSE's buffers
     # for them and never reads them (its shared memory is then 2 x 64 x d x 2 B smaller).
     if FORM_DK:
         v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], row_smem_layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M],
+                                               ROW_RING_LAYOUT)
     else:
         v_smem = k_smem
         delta_smem = lse_smem
@@ -651,10 +680,11 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     if head_split == 1:
         return PlannedLaunches(tuple(launches))
     # Per unit and consumer warpgroup: each program's partial of every gradient a launch
-    # forms (the most of its launches), and one counter.
+    # forms (the most of its launches), and a counter per 8 of its 64 rows.
     grads = max(launch[0] + launch[1] for launch in config.launches(head_dim))
-    return PlannedLaunches(tuple(launches), partials=units * 2 * head_split * grads * BLOCK_N
-                           // 2 * head_dim, arrivals=units * 2)
+    return PlannedLaunches(tuple(launches), partials=units * 2 * head_split * grads
+                           * KEYS_PER_WARPGROUP * head_dim,
+                           arrivals=units * 2 * KEYS_PER_WARPGROUP // 8)
 
 
 def _constexprs(head_dim: int, causal: bool, config: Sm90BackwardConfig, launch: tuple,
