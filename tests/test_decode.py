@@ -733,6 +733,18 @@ def test_bad_inputs_raise_clear_errors(case, call, error, match):
     assert torch.equal(k_cache, before)  # nothing was appended
 
 
+@pytest.mark.parametrize(("option", "good", "bad"), [
+    ("causal", True, 1), ("rotary_interleaved", False, 0), ("return_softmax_lse", True, 1),
+    ("num_splits", 1, True), ("softmax_scale", 1.0, True), ("softcap", 0.0, False)])
+def test_a_kept_plan_never_answers_an_option_of_the_wrong_type(option, good, bad):
+    # True == 1 == 1.0 in Python: a call whose option only equals a planned call's must
+    # still meet the check that refuses its type, not reuse that call's plan.
+    q, k_cache, v_cache = _inputs()
+    attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=3, **{option: good})
+    with pytest.raises(TypeError, match=option):
+        attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=3, **{option: bad})
+
+
 # ----- GPU: real sizes, CUDA graphs ----------------------------------------------------------------
 @pytest.mark.gpu
 @gpu

@@ -71,6 +71,10 @@ def test_a_planned_launch_reuses_the_compiled_launch_with_launch_cacheds_argumen
         def __call__(self, grid, final_args) -> None:
             launched.append((grid, final_args))
 
+        def planned(self, grid, count):
+            assert count == 6  # the plan's launches all pass this many final arguments
+            return lambda final_args: self(grid, final_args)
+
     class Kernel:
         arg_names = ["X", "Y", "n", "scale", "BLOCK", "FLAG"]
 
@@ -295,6 +299,29 @@ def test_a_direct_gluon_launch_passes_the_c_launcher_what_tritons_own_path_passe
     own, direct = ([tuple(a) if isinstance(a, list) else a for a in call]
                    for call in fake_cuda_driver.calls)
     assert direct == own
+
+
+@direct_here
+def test_a_planned_direct_launch_passes_the_c_launcher_what_tritons_own_path_passes(
+        fake_cuda_driver):
+    # CompiledLaunch.planned fixes the grid and the path once (what a PlannedLaunch keeps);
+    # its launches, raw's and __call__'s must all reach the C launcher as Triton's own
+    # path does, in whichever convention this Triton's launcher has.
+    from attnlab.kernels._launch import CompiledLaunch
+
+    compiled = fake_compiled(None, {"X": "*bf16", "O": "*bf16", "n": "i32",
+                                    "BLOCK": "constexpr"})
+    x, out = torch.zeros(8, dtype=torch.bfloat16), torch.empty(8, dtype=torch.bfloat16)
+    compiled.run(3, 2, 1, 77, compiled.function, compiled.packed_metadata, None, None, None,
+                 x, out, 5, 64)
+    launch = CompiledLaunch(compiled)
+    assert launch.goes_direct(4)
+    launch.planned((3, 2), 4)((x, out, 5, 64))
+    launch.raw((3, 2), (x, out, 5, 64))
+    launch((3, 2), (x, out, 5, 64))
+    own, *direct = ([tuple(a) if isinstance(a, list) else a for a in call]
+                    for call in fake_cuda_driver.calls)
+    assert direct == [own] * 3
 
 
 def test_a_tma_slot_encodes_again_only_for_a_new_pointer():

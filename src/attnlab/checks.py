@@ -122,6 +122,8 @@ def _range_text(minimum, maximum, *, min_open: bool = False, max_open: bool = Fa
 
 def check_bool(name: str, value: Any) -> bool:
     """True or False (a NumPy or 0-d tensor bool too); TypeError otherwise (1 is not True)."""
+    if type(value) is bool:  # the common case, without as_scalar's checks
+        return value
     value = as_scalar(value)
     if not isinstance(value, bool):
         raise ArgumentTypeError(f"{name} must be True or False, got {quote(value)}")
@@ -134,6 +136,11 @@ def check_int(name: str, value: Any, *, minimum: int | None = None,
 
     TypeError for the wrong kind, ValueError outside ``[minimum, maximum]``.
     """
+    # A plain int in range returns before the message text is built: public calls check
+    # several ints per call (a decode step's host time is microseconds).
+    if type(value) is int and (minimum is None or value >= minimum) and \
+            (maximum is None or value <= maximum):
+        return value
     value = as_scalar(value)
     allowed = _range_text(minimum, maximum)
     if isinstance(value, bool) or not isinstance(value, int):

@@ -3,6 +3,9 @@ place, rotary, paged caches, split-KV)."""
 
 from __future__ import annotations
 
+import itertools
+from types import NoneType
+
 import torch
 
 from attnlab.api.common import (
@@ -373,9 +376,9 @@ def _signature(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
     keyed (then the call is validated and planned from scratch).  An int cache_seqlens
     and max_seqlen_k are left out: each call checks its own.  An fp8 cache's descales
     are keyed by form like the tensors (their values are never read on the host)."""
-    # Set operations over the types, and absent tensors skipped without a call: this
-    # runs on every decode call (bench/NOTES.md S9: the key was ~19% of its host time).
-    if not _KEYED_OPTIONS.issuperset(map(type, options)) or type(options[2]) is tuple and \
+    # Set lookups over the types, and absent tensors skipped without a call: this runs
+    # on every decode call (bench/NOTES.md S9: the key was ~19% of its host time).
+    if tuple(map(type, options)) not in _KEYED_OPTION_TYPES or \
             not _INT.issuperset(map(type, options[2])):
         return None
     try:
@@ -389,8 +392,22 @@ def _signature(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
         return None
 
 
-# The option types a signature keys by value (others: validated from scratch per call).
-_KEYED_OPTIONS = frozenset({type(None), bool, int, float, str, tuple})
+# Per option (in the signature's order), the types a signature keys by value; others
+# are validated from scratch per call.  Never a bool where a number is meant nor a
+# number where a bool is: True == 1 == 1.0, so causal=1 would find causal=True's plan
+# and skip the check that refuses it.  An int and a float of one value check alike.
+_OPTION_TYPES = (
+    (float, int, NoneType),  # softmax_scale
+    (bool,),  # causal
+    (tuple,),  # window_size (its two entries: ints, _INT)
+    (float, int),  # softcap
+    (bool,),  # rotary_interleaved
+    (NoneType,),  # alibi_slopes (anything else is refused)
+    (int,),  # num_splits
+    (bool,),  # return_softmax_lse
+    (str,),  # impl
+)
+_KEYED_OPTION_TYPES = frozenset(itertools.product(*_OPTION_TYPES))
 _INT = frozenset({int})
 # Plans by signature (kernels/_launch.PlanCache: the most recent 512).
 _CALLS = PlanCache()
@@ -525,18 +542,21 @@ class _TritonCall:
             cache_seqlen = 0
         if not self.read_rotary_seqlens:
             rotary_seqlens = None
-        indices = (cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_seqlens)
         if self.copy_any:
-            indices = tuple(t.contiguous() if copy else t
-                            for t, copy in zip(indices, self.copies, strict=True))
+            cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_seqlens = (
+                t.contiguous() if copy else t for t, copy in zip(
+                    (cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                     rotary_seqlens), self.copies, strict=True))
         if self.q_copy:
             q = q.contiguous()
         if self.append is not None:
-            q = self.append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, indices,
-                            cache_seqlen, descales)
-        out, lse = self.decode(q, k_cache, v_cache, indices[0], *indices[1:4],
-                               cache_seqlen=cache_seqlen, num_splits=self.num_splits,
-                               max_seqlen_k=max_seqlen_k, descales=descales)
+            q = self.append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                            (cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                             rotary_seqlens), cache_seqlen, descales)
+        out, lse = self.decode(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
+                               cache_leftpad, block_table, cache_seqlen=cache_seqlen,
+                               num_splits=self.num_splits, max_seqlen_k=max_seqlen_k,
+                               descales=descales)
         _record_impl("triton-decode")
         return (out, lse) if self.return_lse else out
 

@@ -17,6 +17,8 @@ signature, so a repeated call only allocates its outputs and launches.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton import knobs
 from triton.runtime import driver
@@ -83,11 +85,16 @@ class CompiledLaunch:
         checks its own count and raises)."""
         return self.arity is None or self.arity == count
 
+    def goes_direct(self, count: int) -> bool:
+        """Whether a launch with ``count`` bound arguments calls the C launcher itself (no
+        TMA descriptor to encode, and as many arguments as the launcher takes)."""
+        return self.direct and not self.tensordesc_meta and self.takes(count)
+
     def __call__(self, grid: tuple[int, ...], bound_args: tuple) -> None:
         """JITFunction.run after its cache lookup (the same call on Triton 3.6-3.9), with
         every parameter in signature order (the constexprs ride along; the launcher skips
         them)."""
-        if self.direct and not self.tensordesc_meta and self.takes(len(bound_args)):
+        if self.goes_direct(len(bound_args)):
             self.raw(grid, bound_args)
             return
         stream = _current_stream()
@@ -99,15 +106,42 @@ class CompiledLaunch:
 
     def raw(self, grid: tuple[int, ...], final_args) -> None:
         """The C launcher with its final arguments (``direct`` kernels only)."""
-        stream = _current_stream()
-        enter, exit_ = _hooks()
-        # Our kernels define no launch_metadata function, so Triton's metadata does not
-        # read the arguments: the final ones serve as well as the bound ones.
-        metadata = self.compiled.launch_metadata(grid, stream, *final_args) if enter else None
-        grid = (*grid, 1, 1)
-        args = (*self.after_hooks, final_args) if self.variadic else final_args
-        self.c_launch(grid[0], grid[1], grid[2], stream, *self.fixed, metadata, enter, exit_,
-                      *args)
+        self.direct_call(grid, len(final_args))(final_args)
+
+    def direct_call(self, grid: tuple[int, ...], count: int):
+        """``raw`` with ``grid`` fixed, for ``count`` final arguments: a function of them
+        alone, which a plan launching one grid again and again keeps (``planned``), so a
+        launch does not pad the grid or gather the launcher's fixed arguments again.  A
+        launch with another count goes through ``__call__`` (the variadic launcher reads
+        as many arguments as it has annotations, whatever it is given)."""
+        c_launch, fixed, launch_metadata = self.c_launch, self.fixed, self.compiled.launch_metadata
+        after_hooks = self.after_hooks if self.variadic else None
+        grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
+
+        def launch(final_args) -> None:
+            if len(final_args) != count:
+                self(grid, final_args)
+                return
+            stream = _current_stream()
+            enter, exit_ = _hooks()
+            # Our kernels define no launch_metadata function, so Triton's metadata does
+            # not read the arguments: the final ones serve as well as the bound ones.
+            metadata = launch_metadata(grid, stream, *final_args) if enter else None
+            if after_hooks is None:
+                c_launch(grid_x, grid_y, grid_z, stream, *fixed, metadata, enter, exit_,
+                         *final_args)
+            else:
+                c_launch(grid_x, grid_y, grid_z, stream, *fixed, metadata, enter, exit_,
+                         *after_hooks, final_args)
+        return launch
+
+    def planned(self, grid: tuple[int, ...], count: int):
+        """``self(grid, final_args)`` as a function of ``final_args`` alone, for a plan
+        whose launches pass ``count`` of them: the path ``__call__`` would pick on every
+        launch is picked here once."""
+        if self.goes_direct(count):
+            return self.direct_call(grid, count)
+        return functools.partial(self, grid)
 
 
 def _current_stream() -> int:
@@ -260,20 +294,21 @@ class PlannedLaunch:
     leading tensors and the constexprs are fixed by the call's signature, so each call
     passes only its tensors, and the specialisation key is computed once."""
 
-    __slots__ = ("launcher", "grid", "static", "meta", "key", "keyed", "compiled", "tail")
+    __slots__ = ("launcher", "grid", "static", "meta", "key", "keyed", "run", "tail")
 
     def __init__(self, launcher, grid: tuple[int, ...], static: tuple, meta: dict) -> None:
         self.launcher, self.grid, self.static, self.meta = launcher, grid, static, meta
         self.key, self.keyed = None, False
-        # After the first launch: the compiled launch and everything after the tensors
-        # (the static arguments, then the constexprs), so a call skips launch_cached's
-        # lookup and argument assembly (microseconds per launch on the H200's host).
-        self.compiled, self.tail = None, None
+        # After the first launch: the compiled launch as a function of the final arguments
+        # (``CompiledLaunch.planned``) and everything after the tensors (the static
+        # arguments, then the constexprs), so a call skips launch_cached's lookup and
+        # argument assembly (microseconds per launch on the H200's host).
+        self.run, self.tail = None, None
 
     def __call__(self, *tensors) -> None:
-        compiled = self.compiled
-        if compiled is not None:
-            compiled(self.grid, (*tensors, *self.tail))
+        run = self.run
+        if run is not None:
+            run((*tensors, *self.tail))
             return
         args = (*tensors, *self.static)
         if not self.keyed:
@@ -281,7 +316,8 @@ class PlannedLaunch:
         self.launcher.launch(self.key, self.grid, args, self.meta)
         compiled, constexprs = self.launcher.compiled_launch(self.key, len(args), self.meta)
         if compiled is not None:
-            self.compiled, self.tail = compiled, (*self.static, *constexprs)
+            self.tail = (*self.static, *constexprs)
+            self.run = compiled.planned(self.grid, len(tensors) + len(self.tail))
 
 
 class PlanCache:

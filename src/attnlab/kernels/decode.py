@@ -544,16 +544,18 @@ class _DecodePlan:
             ctas_per_sm=self.config.ctas_per_sm, block_n=self.config.block_n)
 
     def _launch(self, num_splits: int) -> tuple:
-        """(split launch, combine launch or None) for ``num_splits``: with one split the
-        kernel writes the output itself."""
+        """(split launch, combine launch or None, the partials buffer's fp32 elements or 0)
+        for ``num_splits``: with one split the kernel writes the output itself."""
         write_partial = num_splits > 1 or self.return_partials
         split = PlannedLaunch(
             _SPLIT, (self.batch * self.num_kv_heads, num_splits, self.row_blocks),
             (*self.split_static, num_splits, *self.split_tail),
             dict(self.split_meta, WRITE_PARTIAL=write_partial, WRITE_LSE=self.write_lse))
-        combine = None
+        combine, partials_size = None, 0
         if write_partial:
             rows = self.batch * self.seqlen_q * self.num_heads
+            # One fp32 buffer: every split's O rows, then their LSEs (the kernel finds them).
+            partials_size = rows * num_splits * (self.head_dim + 1)
             splits = triton.next_power_of_2(num_splits)
             # Two warps: LSEs 64 at a time; O tiles of 64 values a thread (32 splits per
             # step at d = 128, 16 at d = 256).
@@ -563,26 +565,21 @@ class _DecodePlan:
                 dict(HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
                      LSE_CHUNK=min(64, splits), O_CHUNK=min(splits, 4096 // self.head_dim_pad),
                      WRITE_LSE=self.write_lse, num_warps=2, num_stages=1))
-        self.launches[num_splits] = split, combine
-        return split, combine
+        self.launches[num_splits] = split, combine, partials_size
+        return split, combine, partials_size
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                  block_table, *, cache_seqlen: int, num_splits: int, max_seqlen_k,
                  descales=(None, None)):
         num_splits = self.splits(num_splits, cache_seqlen, max_seqlen_k)
-        split, combine = self.launches.get(num_splits) or self._launch(num_splits)
+        split, combine, partials_size = self.launches.get(num_splits) or self._launch(num_splits)
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) \
             if self.write_lse else None
         # Any valid pointer, for arguments a constexpr switch turns off.
         unused = out
-        if num_splits > 1 or self.return_partials:
-            # One fp32 buffer: every split's O rows, then their LSEs (the kernel finds them).
-            slots = self.batch * self.seqlen_q * self.num_heads * num_splits
-            partials = torch.empty(slots * (self.head_dim + 1), dtype=torch.float32,
-                                   device=self.device)
-        else:
-            partials = unused
+        partials = torch.empty(partials_size, dtype=torch.float32, device=self.device) \
+            if partials_size else unused
         lse_out = unused if lse is None else lse
         split(q, k_cache, v_cache, partials, out, lse_out,
                unused if cache_seqlens is None else cache_seqlens,
@@ -596,6 +593,7 @@ class _DecodePlan:
             combine(partials, out, lse_out)
         if self.return_partials:
             rows = (self.batch, self.seqlen_q, self.num_heads, num_splits)
+            slots = self.batch * self.seqlen_q * self.num_heads * num_splits
             o_part = partials[:slots * self.head_dim].view(*rows, self.head_dim)
             return out, lse, (o_part, partials[slots * self.head_dim:].view(rows))
         return out, lse
