@@ -248,9 +248,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if varlen_q or cu_seqlens_k_new is not None:
         out, lse = _per_sequence(q, k_cache, v_cache, k, v, cu_seqlens_q, cu_seqlens_k_new,
                                  max_seqlen_q, options)
-    else:
-        out, lse = kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **options)
-    return (out, lse) if return_softmax_lse else out
+        return (out, lse) if return_softmax_lse else out
+    # The LSE only where asked: unasked, the decode kernel neither allocates nor writes it.
+    options["return_softmax_lse"] = return_softmax_lse
+    return kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **options)
 
 
 def _page_rows(page_table, cache_batch_idx, batch: int, device) -> torch.Tensor:
