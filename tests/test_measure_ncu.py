@@ -129,6 +129,12 @@ def test_cases_attach_from_renamed_names_whatever_the_decoration():
                ncu.NcuKernel(2, "stray", None, None, None)]
     ncu.attach_cases(kernels, renamed, [label])
     assert [k.case for k in kernels] == [label, label, None]
+    # Outside our ranges, a name ncu spells differently in the renamed import (demangled
+    # there) is no case: it would end a fwd+bwd case's unnamed backward tail.
+    kernels = [ncu.NcuKernel(3, "fill_kernel", None, None, None)]
+    ncu.attach_cases(kernels, [ncu.NcuKernel(3, "void fill<int>(int, T2, T3)/void fill",
+                                             None, None, None)], [label])
+    assert kernels[0].case is None
     # as parsed from a CSV, "label/" arrives already split into case and an empty name
     kernels = [ncu.NcuKernel(0, "gemm_a", None, None, None)]
     ncu.attach_cases(kernels, ncu.parse_raw_csv(

@@ -382,6 +382,11 @@ def attach_cases(kernels: list[NcuKernel], renamed: list[NcuKernel],
         if known:
             kernel.case = max(known, key=len)
             continue
+        if labels:
+            # None of our ranges: a kernel launched outside them whose renamed name is
+            # just spelled differently (session 17: a demangled FillFunctor zeroing the
+            # backward's counters became a "case" and cut the fwd+bwd case's tail).
+            continue
         case, _ = _split_case(text)
         kernel.case = case if case is not None else (text.rstrip("/") or None)
     return kernels
