@@ -337,6 +337,25 @@ def test_the_table_writers_still_run_on_committed_records():
     assert done.stdout.startswith("| shape (bf16, fwd + bwd) |")
 
 
+def test_the_l2_schedule_simulation_reads_each_tile_once_when_it_fits(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import l2_schedule_sim as sim
+
+    options = dict(seqlen=1024, kv_heads=2, group=4, block_m=64)
+    tiles = 2 * 4 * 1024 // 64  # every (query head, tile) the launch reads
+    for schedule in (dict(split=1, block_major=False, last_tile_first=False),
+                     dict(split=2, block_major=True, last_tile_first=True)):
+        progs = sim.programs(**options, **schedule)
+        assert len(progs) == 1024 // 128 * 2 * schedule["split"]
+        # An L2 that holds every tile: each read from DRAM once.
+        assert sim.dram_bytes(progs, tile_bytes=1, l2_bytes=tiles, slots=4) == tiles
+    # A small L2: the programs that read each tile together read fewer again.
+    apart = sim.programs(**options, split=1, block_major=False, last_tile_first=False)
+    together = sim.programs(**options, split=1, block_major=False, last_tile_first=True)
+    small = dict(tile_bytes=1, l2_bytes=8, slots=16)
+    assert sim.dram_bytes(together, **small) < sim.dram_bytes(apart, **small)
+
+
 def run_on_cpu(script: str, argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     env = {"PYTHONPATH": str(ROOT / "src"), "TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin",
            "HOME": str(tmp_path)}
