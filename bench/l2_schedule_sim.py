@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 from collections import OrderedDict
 
 from attnlab.commands.cli_support import parse_int_list
@@ -50,7 +51,7 @@ def dram_bytes(progs: list, *, tile_bytes: int, l2_bytes: float, slots: int) -> 
     capacity = max(1, int(l2_bytes // tile_bytes))
     cache: OrderedDict = OrderedDict()
     misses, waiting = 0, iter(range(len(progs)))
-    running = [(0, p, 0) for p, _ in zip(waiting, range(slots))]
+    running = [(0, p, 0) for p in itertools.islice(waiting, slots)]
     heapq.heapify(running)
     while running:
         time, p, step = heapq.heappop(running)
