@@ -332,12 +332,13 @@ def test_d256_forms_one_gradient_per_launch_in_the_registers(json_from_fresh_pyt
     dv, dk = compiled[:2]
     assert dk["estimate"] - dk["shared"] <= 1024
     assert dk["shared"] - dv["shared"] >= 2 * 64 * 256 * 2
-    # Triton 3.6's ptxas: none but the 3-stage dK launch's producer warp (24 registers),
-    # which keeps two values in local memory between its two loops (4).  3.9's (CUDA
-    # 13.4): the dK launch 10 / 15 (2 / 3 stages; 22 before its tiles came in one (tile,
-    # head) loop), the 3-stage dV launch one 4-byte slot stored once and reloaded outside
-    # the loops (11).
-    assert_spills_within(compiled, [0, 0, 0, 4], [0, 10, 11, 15])
+    # Triton 3.6-3.8: none at 2 stages (the shipped tiles).  The 3-stage dK launch keeps
+    # a few scalars in local memory: 3.6.0 two in its producer warp (24 registers)
+    # between its loops (4), 3.8.0 12, some inside the loops.  3.9's ptxas (CUDA 13.4):
+    # the dK launch 10 / 15 (2 / 3 stages; 22 before its tiles came in one (tile, head)
+    # loop), the 3-stage dV launch one 4-byte slot stored once and reloaded outside the
+    # loops (11).
+    assert_spills_within(compiled, [0, 0, 0, 12], [0, 10, 11, 15])
 
 
 @built_here
