@@ -198,7 +198,7 @@ class PlannedGluonLaunch:
         for slot, t in zip(self.slots, bases, strict=True):
             args.append(slot(t))
             args.extend(slot.tail)
-        self.launch.raw(self.grid, (*args, *tensors, *self.tail))
+        self.launch((*args, *tensors, *self.tail))
 
     def _go_direct(self, num_tensors: int) -> bool:
         """Switch to the direct path once the kernel is compiled under this key."""
@@ -213,9 +213,11 @@ class PlannedGluonLaunch:
         runtime = len(self.descriptors) + num_tensors + len(self.static)
         tail = (*self.static,
                 *(self.constexprs[name] for name in self.kernel.arg_names[runtime:]))
-        if not launch.takes(sum(1 + len(slot.tail) for slot in slots) + num_tensors + len(tail)):
+        count = sum(1 + len(slot.tail) for slot in slots) + num_tensors + len(tail)
+        if not launch.takes(count):
             return False
-        self.slots, self.tail, self.launch = slots, tail, launch
+        # The C launch with the grid fixed, as PlannedLaunch keeps it (``direct_call``).
+        self.slots, self.tail, self.launch = slots, tail, launch.direct_call(self.grid, count)
         return True
 
 

@@ -663,7 +663,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     # row stride padded to 16 bytes.
     seqlen_pad = seqlen_q
     if sm90 is not None:
-        from attnlab.kernels.backward_sm90 import padded_seqlen, plan_launch
+        from attnlab.kernels.backward_sm90 import BLOCK_N, padded_seqlen, plan_launch
 
         sm90_config, copy_dout, kernel_dout = sm90
         sm90_dkdv = plan_launch(
@@ -671,7 +671,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
             schedule=dispatch.dkdv_schedule(
                 batch=batch, kv_heads=num_kv_heads, group_size=group_size, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, causal=causal, block_m=sm90_config.block_m,
-                block_n=128, sm_count=dispatch.sm_count(q.device)))
+                block_n=BLOCK_N, sm_count=dispatch.sm_count(q.device)))
         seqlen_pad = padded_seqlen(seqlen_q)
     # D is a fresh contiguous (batch, heads, seqlen_pad) tensor; varlen's has LSE's shape.
     if lay.is_varlen:

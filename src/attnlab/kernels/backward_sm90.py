@@ -351,9 +351,10 @@ def _load_tiles(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem
                 tile_bytes: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                 FORM_DK: gl.constexpr):
     """Q_j, dO_j and their LSE and D rows for the query tiles [m_lo, m_hi), the last tile
-    first and each tile for every head in turn: the programs of a KV head then read the
-    same rows at about the same time (each key block's first tile is the diagonal's), so
-    they come from DRAM once and from L2 for the others."""
+    first and each tile for every head in turn: the programs of a KV head that start
+    together then read the same rows at about the same time, the later ones from L2.
+    (Measured, the launch still reads ~3x the rows once: programs that start later begin
+    at the last tile while the first wave is far below it; bench/NOTES.md B23.)"""
     last = m_lo + (gl.cdiv(m_hi - m_lo, BLOCK_M) - 1) * BLOCK_M
     for step in range(gl.cdiv(m_hi - m_lo, BLOCK_M) * heads):
         start_m = last - step // heads * BLOCK_M

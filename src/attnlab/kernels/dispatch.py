@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import importlib
 import math
 from dataclasses import dataclass
@@ -252,8 +253,6 @@ SCHEDULE_MAX_WAVES = 8
 def greedy_makespan(works, slots: int) -> float:
     """When the last of ``works`` (per program, in launch order) ends if the GPU starts
     each on the first of ``slots`` program slots to free up, as its block scheduler does."""
-    import heapq
-
     free = [0.0] * min(slots, len(works))
     for work in works:
         heapq.heapreplace(free, free[0] + work)
