@@ -185,7 +185,7 @@ class PlannedGluonLaunch:
                  static: tuple, constexprs: dict, key: tuple, maxnreg: int) -> None:
         self.cache, self.kernel, self.grid, self.descriptors = cache, kernel, grid, descriptors
         self.static, self.constexprs, self.key, self.maxnreg = static, constexprs, key, maxnreg
-        self.launch = self.slots = self.tail = None
+        self.launch = self.run = self.slots = self.tail = None
 
     def __call__(self, bases: tuple, tensors: tuple) -> None:
         if self.launch is None and not self._go_direct(len(tensors)):
@@ -198,7 +198,7 @@ class PlannedGluonLaunch:
         for slot, t in zip(self.slots, bases, strict=True):
             args.append(slot(t))
             args.extend(slot.tail)
-        self.launch((*args, *tensors, *self.tail))
+        self.run((*args, *tensors, *self.tail))
 
     def _go_direct(self, num_tensors: int) -> bool:
         """Switch to the direct path once the kernel is compiled under this key."""
@@ -216,8 +216,9 @@ class PlannedGluonLaunch:
         count = sum(1 + len(slot.tail) for slot in slots) + num_tensors + len(tail)
         if not launch.takes(count):
             return False
+        self.slots, self.tail, self.launch = slots, tail, launch
         # The C launch with the grid fixed, as PlannedLaunch keeps it (``direct_call``).
-        self.slots, self.tail, self.launch = slots, tail, launch.direct_call(self.grid, count)
+        self.run = launch.direct_call(self.grid, count)
         return True
 
 
