@@ -83,11 +83,12 @@ def make_inputs(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, see
 
 
 def gradients(q, k, v, dout, *, config=None, deterministic=False, dkdv_sm90=None,
-              **options):
+              dq_sm90=None, **options):
     scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse = flash_forward(q, k, v, layout="bshd", scale=scale, **options)
     return flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale, config=config,
-                          deterministic=deterministic, dkdv_sm90=dkdv_sm90, **options)
+                          deterministic=deterministic, dkdv_sm90=dkdv_sm90, dq_sm90=dq_sm90,
+                          **options)
 
 
 # ---------------------------------------------------------------------------
@@ -121,7 +122,8 @@ def accuracy_case(row: dict, inputs: tuple, seed: int, options: dict,
         q, k, v, dout = make_inputs(*inputs, seed=seed)
         grads = gradients(q, k, v, dout, **options)
         again = gradients(q, k, v, dout, **{**options, **repeat_options})
-        mask = {name: value for name, value in options.items() if name != "dkdv_sm90"}
+        mask = {name: value for name, value in options.items()
+                if name not in ("dkdv_sm90", "dq_sm90")}
         checks = check_gradients(grads, q, k, v, dout, layout="bshd",
                                  scale=1.0 / math.sqrt(head_dim), **mask)
         identical = all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
@@ -200,12 +202,13 @@ def dq_stand_in(head_dim: int, warps: int, base: BackwardConfig) -> tuple[int, i
     return (128, 32) if warps == 8 else (64, 32)
 
 
-def time_backward(q, k, v, dout, out, lse, config, causal, dkdv_sm90=None) -> float:
+def time_backward(q, k, v, dout, out, lse, config, causal, dkdv_sm90=None,
+                  dq_sm90=None) -> float:
     scale = 1.0 / math.sqrt(q.shape[-1])
 
     def call():
         flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale, causal=causal,
-                       config=config, dkdv_sm90=dkdv_sm90)
+                       config=config, dkdv_sm90=dkdv_sm90, dq_sm90=dq_sm90)
 
     return time_call(call, [()], device="cuda", warmup=2, target_ms=150, min_repeats=5,
                      max_repeats=40).p50
@@ -409,6 +412,101 @@ def phase_sm90(ctx) -> None:
     table = merged_table(committed, entries, measured, env)
     ctx.path("sm90_backward_dispatch.json").write_text(json.dumps(table, indent=1),
                                                        encoding="utf-8")
+    print("\n".join(lines))
+    ctx.fail(failures)
+
+
+# ---------------------------------------------------------------------------
+# The dQ sweep's shapes: the seed's GQA layer, and the fwd+bwd table's d = 128 and 64.
+DQ_SHAPES = [AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=n, seqlen_k=n,
+                            head_dim=256, dtype="bf16", causal=True) for n in (4096, 16384)] + [
+    AttentionShape(batch=16384 // n, query_heads=16, kv_heads=16, seqlen_q=n, seqlen_k=n,
+                   head_dim=d, dtype="bf16", causal=causal)
+    for d, n, causal in ((128, 4096, True), (128, 4096, False), (128, 1024, True),
+                         (128, 16384, True), (64, 4096, True), (64, 4096, False))]
+
+
+def dq_plan(args) -> list[AttentionShape]:
+    return [s for s in DQ_SHAPES if shape_selected(s, args.shapes)]
+
+
+def phase_dq(ctx) -> None:
+    """The Gluon sm_90 dQ kernel's candidates: accuracy (the full grid for the defaults,
+    four cases for the others; bit-identical repeats), then the backward timed with each
+    candidate's dQ against the Triton dQ kernel (the same dK/dV dispatch) at DQ_SHAPES.
+    Writes sm90_dq_sweep.jsonl and the dispatch-table candidate sm90_dq_dispatch.json
+    (buckets where a candidate is >= 2% faster)."""
+    from attnlab.kernels import dq_sm90
+
+    env, path = ctx.env, "sm90_dq_sweep.jsonl"
+    started, failures, count, inaccurate = time.time(), 0, 0, set()
+    heads = [(4, 4), (6, 2), (4, 1)]
+    for head_dim in dq_sm90.CANDIDATES if not ctx.args.sm90_skip_accuracy else ():
+        for config in dq_sm90.CANDIDATES[head_dim]:
+            is_default = config == dq_sm90.DEFAULT_CONFIGS[head_dim]
+            cases = list(itertools.product(SM90_ACCURACY_PAIRS, (False, True)))
+            cases = cases if is_default else cases[3::4]
+            for i, ((seqlen_q, seqlen_k), causal) in enumerate(cases):
+                hq, hk = heads[i % 3]
+                dtype = "bf16" if i % 2 else "fp16"
+                row = {"what": "sm90_dq_accuracy", "config": config.name(),
+                       "head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
+                       "heads": hq, "kv_heads": hk, "causal": causal, "dtype": dtype, **env}
+                passed = accuracy_case(
+                    row, (2, hq, hk, seqlen_q, seqlen_k, head_dim, DTYPES[dtype]),
+                    head_dim + seqlen_q + i, {"causal": causal, "dq_sm90": config}, {})
+                count += 1
+                failures += not passed
+                ctx.append_row(path, row)
+                if not passed:
+                    inaccurate.add(config.name())
+                    print(f"FAIL dq {config.name()} d={head_dim} {seqlen_q}x{seqlen_k} "
+                          f"h={hq}/{hk} causal={causal} {dtype}: "
+                          f"{row.get('errors', row.get('error'))}", flush=True)
+    print(f"dq accuracy: {count - failures}/{count} passed ({time.time() - started:.0f} s)",
+          flush=True)
+
+    entries, lines, measured = [], [], set()
+    for shape in ctx.within_budget(ctx.plan):
+        backward_flops = 2.5 * conventional_attention_flops(shape)
+        q, k, v, dout = make_inputs(shape.batch, shape.query_heads, shape.kv_heads,
+                                    shape.seqlen_q, shape.seqlen_k, shape.head_dim,
+                                    torch.bfloat16)
+        out, lse = flash_forward(q, k, v, layout="bshd", scale=shape.head_dim ** -0.5,
+                                 causal=shape.causal)
+        timed = {"triton": time_backward(q, k, v, dout, out, lse, None, shape.causal)}
+        for config in dq_sm90.CANDIDATES[shape.head_dim]:
+            try:
+                timed[config.name()] = time_backward(q, k, v, dout, out, lse, None,
+                                                     shape.causal, dq_sm90=config)
+            except Exception as error:  # noqa: BLE001 - a config that cannot run is data
+                ctx.append_row(path, {"what": "sm90_dq_time", "config": config.name(),
+                                      "shape": shape.as_dict(), "error": str(error)[:300],
+                                      **env})
+        for name, ms in timed.items():
+            ctx.append_row(path, {"what": "sm90_dq_time", "config": name,
+                                  "shape": shape.as_dict(), "p50_ms": ms,
+                                  "tflops": backward_flops / ms / 1e9,
+                                  "vs_triton": timed["triton"] / ms, **env})
+        best = min((ms, name) for name, ms in timed.items() if name != "triton")
+        gain = timed["triton"] / best[0]
+        lines.append(f"{shape.describe()}: backward with Triton dQ {timed['triton']:.3f} ms, "
+                     f"best {best[1]} {best[0]:.3f} ms (x{gain:.2f}); "
+                     + ", ".join(f"{n} {ms:.3f}" for n, ms in timed.items()))
+        print(lines[-1], flush=True)
+        bucket = (shape.head_dim, shape.causal, length_bucket(shape.seqlen_q))
+        measured.add(bucket)
+        if gain >= 1.02:
+            entries.append({"head_dim": shape.head_dim, "causal": shape.causal,
+                            "bucket": bucket[2],
+                            "config": dataclasses.asdict(dq_sm90.Sm90DqConfig.from_name(best[1])),
+                            "sm90_vs_triton": round(gain, 4)})
+    entries = [e for e in entries
+               if dq_sm90.Sm90DqConfig(**e["config"]).name() not in inaccurate]
+    committed = json.loads(importlib.resources.files("attnlab.kernels")
+                           .joinpath("sm90_dq_dispatch.json").read_text())
+    table = merged_table(committed, entries, measured, env)
+    ctx.path("sm90_dq_dispatch.json").write_text(json.dumps(table, indent=1), encoding="utf-8")
     print("\n".join(lines))
     ctx.fail(failures)
 
@@ -852,6 +950,7 @@ bench.phase("ncu", default=False, cap_s=60.0,
             plan=lambda args: [s for s in NCU_SHAPES if shape_selected(s, args.shapes)])(phase_ncu)
 bench.phase("correct", cap_s=45.0, plan=correctness_cases)(phase_correct)
 bench.phase("sm90", default=False, cap_s=200.0, plan=sm90_plan)(phase_sm90)
+bench.phase("dq", default=False, cap_s=200.0, plan=dq_plan)(phase_dq)
 bench.phase("tune", cap_s=90.0, plan=tune_plan)(phase_tune)
 bench.phase("bench", cap_s=150.0, plan=bench_plan)(phase_bench)
 bench.finish(print_table)

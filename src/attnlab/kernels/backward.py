@@ -70,8 +70,9 @@ from attnlab.kernels.configs import (
 from attnlab.masking import effective_window, reach_window
 from attnlab.shapes import AttentionShape
 
-if TYPE_CHECKING:  # the Gluon module is imported only on the Triton it was built for
+if TYPE_CHECKING:  # the Gluon modules are imported only on the Triton they were built for
     from attnlab.kernels.backward_sm90 import Sm90BackwardConfig
+    from attnlab.kernels.dq_sm90 import Sm90DqConfig
 
 
 @triton.jit
@@ -529,7 +530,7 @@ def flash_backward(
     cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
     config: BackwardConfig | None = None, dlse: torch.Tensor | None = None,
-    dkdv_sm90: Sm90BackwardConfig | None = None,
+    dkdv_sm90: Sm90BackwardConfig | None = None, dq_sm90: Sm90DqConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of attention given dO, from the forward's q, k, v, O and LSE.
 
@@ -546,7 +547,8 @@ def flash_backward(
     dK and dV come from the Gluon sm_90 kernel (``kernels/backward_sm90.py``) where its
     committed dispatch table says it measured faster and no ``config`` was given, or
     wherever ``dkdv_sm90`` (an ``Sm90BackwardConfig``) asks for it; a call that kernel
-    cannot compute is then refused with the reason, never run elsewhere.
+    cannot compute is then refused with the reason, never run elsewhere.  dQ likewise
+    from ``kernels/dq_sm90.py`` (``dq_sm90``, an ``Sm90DqConfig``).
     """
     layout_named(layout)  # a name this module cannot read is refused before any plan
     _check_dout(dout, out)
@@ -563,7 +565,7 @@ def flash_backward(
     options = dict(layout=layout, scale=scale, causal=causal, window=tuple(window),
                    softcap=softcap, max_seqlen_q=max_seqlen_q,
                    max_seqlen_k=max_seqlen_k, config=config, dkdv_sm90=dkdv_sm90,
-                   has_dlse=dlse is not None)
+                   dq_sm90=dq_sm90, has_dlse=dlse is not None)
     tensors = (q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k)
     if launch_is_traced(q):
         # Traced, each launch must be a graph node (wrap_triton's HOP) for Inductor, as in
@@ -582,16 +584,17 @@ def flash_backward(
 
 class _BackwardPlan:
     """The two launches for one call signature: dQ, which also writes D (and, for the
-    Gluon dK/dV kernel, LSE in log2 units) for its query rows, then dK/dV (the Triton
-    kernel's ``PlannedLaunch`` or the Gluon one's).  A call allocates dQ, dK, dV and D
-    (``delta_shape``: LSE's, or with rows padded to a multiple of 4 for the Gluon
-    kernel's TMA copies), copies an expanded dO where the Gluon kernel reads it through
-    TMA, and launches."""
+    Gluon dK/dV kernel, LSE in log2 units) for its query rows, then dK/dV (each the
+    Triton kernel's ``PlannedLaunch`` or a Gluon one's).  A call allocates dQ, dK, dV and
+    D (``delta_shape``: LSE's, or with rows padded to a multiple of 4 for the Gluon
+    kernel's TMA copies), copies an expanded dO once where a Gluon kernel reads it
+    through TMA (``copy_dout``; ``gluon_dq``: the dQ kernel is one of them), and
+    launches."""
 
-    def __init__(self, dkdv, sm90_dkdv, dq, copy_dout: bool,
+    def __init__(self, dkdv, sm90_dkdv, dq, copy_dout: bool, gluon_dq: bool,
                  delta_shape: tuple[int, ...]) -> None:
         self.dkdv, self.sm90_dkdv, self.dq = dkdv, sm90_dkdv, dq
-        self.copy_dout, self.delta_shape = copy_dout, delta_shape
+        self.copy_dout, self.gluon_dq, self.delta_shape = copy_dout, gluon_dq, delta_shape
 
     def __call__(self, q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k):
         delta = torch.empty(self.delta_shape, dtype=torch.float32, device=lse.device)
@@ -600,13 +603,15 @@ class _BackwardPlan:
         # Unused pointer arguments still need a tensor; the constexpr switch keeps them unread.
         cu_q = lse if cu_seqlens_q is None else cu_seqlens_q
         cu_k = lse if cu_seqlens_k is None else cu_seqlens_k
-        self.dq(q, k, v, out, dout, lse, lse if dlse is None else dlse, delta,
-                delta if lse_log2 is None else lse_log2, dq, cu_q, cu_k)
+        # A Triton launch was planned with dO's own strides: it reads dO as given.
+        tma_dout = dout.contiguous() if self.copy_dout else dout
+        self.dq(q, k, v, out, tma_dout if self.gluon_dq else dout, lse,
+                lse if dlse is None else dlse, delta, delta if lse_log2 is None else lse_log2,
+                dq, cu_q, cu_k)
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         if self.sm90_dkdv is not None:
-            self.sm90_dkdv((k, v, q, dout.contiguous() if self.copy_dout else dout, lse_log2,
-                            delta), (dk, dv))
+            self.sm90_dkdv((k, v, q, tma_dout, lse_log2, delta), (dk, dv))
         else:
             self.dkdv(q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k)
         return dq, dk, dv
@@ -614,7 +619,7 @@ class _BackwardPlan:
 
 def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *, layout,
                    scale, causal, window, softcap, max_seqlen_q, max_seqlen_k,
-                   config, dkdv_sm90, has_dlse, launchers) -> _BackwardPlan:
+                   config, dkdv_sm90, dq_sm90, has_dlse, launchers) -> _BackwardPlan:
     """What ``flash_backward`` launches for tensors of these sizes, strides and alignment."""
     inputs = AttentionInputs.read(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k)
@@ -648,6 +653,9 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     # Decided before any launch: a forced sm_90 kernel that cannot run is refused first.
     sm90 = dispatch.dkdv_config(q, k, v, dout, layout=layout, causal=causal, window=window,
                       softcap=softcap, requested=dkdv_sm90, use_table=explicit_config is None)
+    gluon_dq = dispatch.dq_config(q, k, v, dout, layout=layout, causal=causal, window=window,
+                                  softcap=softcap, requested=dq_sm90,
+                                  use_table=explicit_config is None)
     masks = dict(HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
                  IS_VARLEN=lay.is_varlen, UPCAST_DOT=interpreted and q.dtype == torch.bfloat16)
     scalars = (max(window_left, 0), max(window_right, 0),
@@ -658,14 +666,14 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     dkdv_launcher, dq_launcher = launchers
     group_size = num_heads // num_kv_heads
     dkdv = sm90_dkdv = None
-    copy_dout = False
+    copy_dout = any(choice is not None and choice[1] for choice in (sm90, gluon_dq))
     # The Gluon kernel copies D's rows (and LSE's in log2 units) by TMA, which needs their
     # row stride padded to 16 bytes.
     seqlen_pad = seqlen_q
     if sm90 is not None:
         from attnlab.kernels.backward_sm90 import BLOCK_N, padded_seqlen, plan_launch
 
-        sm90_config, copy_dout, kernel_dout = sm90
+        sm90_config, _, kernel_dout = sm90
         sm90_dkdv = plan_launch(
             q, k, v, kernel_dout, layout=layout, scale=scale, causal=causal, config=sm90_config,
             schedule=dispatch.dkdv_schedule(
@@ -679,12 +687,18 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
     else:
         delta_shape = (batch, num_heads, seqlen_pad)
         delta_strides = (num_heads * seqlen_pad, seqlen_pad)
-    q_blocks = triton.cdiv(seqlen_q, config.dq_block_m)
+    if gluon_dq is not None:
+        from attnlab.kernels import dq_sm90
+
+        dq_block_m, dq_block_n = dq_sm90.BLOCK_M, gluon_dq[0].block_n
+    else:
+        dq_block_m, dq_block_n = config.dq_block_m, config.dq_block_n
+    q_blocks = triton.cdiv(seqlen_q, dq_block_m)
     # Varlen's per-sequence lengths are not known here: head by head.
     dq_block_major = not lay.is_varlen and dispatch.dq_block_major(
         batch=batch, heads=num_heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-        causal=causal and not has_left, block_m=config.dq_block_m,
-        block_n=config.dq_block_n, sm_count=dispatch.sm_count(q.device))
+        causal=causal and not has_left, block_m=dq_block_m, block_n=dq_block_n,
+        sm_count=dispatch.sm_count(q.device))
     if sm90 is None:
         kv_blocks = triton.cdiv(seqlen_k, config.dkdv_block_n)
         programs = kv_blocks * batch * num_kv_heads * (2 if config.dkdv_split else 1)
@@ -696,6 +710,12 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
                 BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
                 SPLIT_OUTPUTS=config.dkdv_split,
                 num_warps=config.num_warps, num_stages=config.num_stages))
+    if gluon_dq is not None:
+        dq = dq_sm90.plan_launch(
+            q, k, v, out, gluon_dq[2], layout=layout, scale=scale, causal=causal,
+            config=gluon_dq[0], block_major=dq_block_major, stat_strides=stat_strides,
+            delta_strides=delta_strides, has_dlse=has_dlse, write_lse_log2=sm90 is not None)
+        return _BackwardPlan(dkdv, sm90_dkdv, dq, copy_dout, True, delta_shape)
     dq = PlannedLaunch(dq_launcher, (q_blocks * batch * num_heads,), (
         *lay.bhs_strides(q), *lay.bhs_strides(k), *lay.bhs_strides(v),
         *lay.bhs_strides(out), *lay.bhs_strides(dout), *dq_strides, *stat_strides,
@@ -705,7 +725,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
             BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,
             HAS_DLSE=has_dlse, WRITE_LSE_LOG2=sm90 is not None,
             num_warps=config.num_warps, num_stages=config.num_stages))
-    return _BackwardPlan(dkdv, sm90_dkdv, dq, copy_dout, delta_shape)
+    return _BackwardPlan(dkdv, sm90_dkdv, dq, copy_dout, False, delta_shape)
 
 
 # ---------------------------------------------------------------------------

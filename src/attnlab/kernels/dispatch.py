@@ -8,8 +8,9 @@ from a guess:
   (``kernels/decode.py``) instead of the forward;
 * **the forward** (:func:`forward_config`, asked by ``kernels.forward``): the Gluon sm_90
   kernel where ``sm90_dispatch.json`` says it measured faster, else the Triton kernel;
-* **the backward's dK/dV** (:func:`dkdv_config`, asked by ``kernels.backward``): the Gluon
-  sm_90 dK/dV kernel where ``sm90_backward_dispatch.json`` says so, else the Triton one;
+* **the backward's dK/dV and dQ** (:func:`dkdv_config`, :func:`dq_config`, asked by
+  ``kernels.backward``): the Gluon sm_90 dK/dV (dQ) kernel where
+  ``sm90_backward_dispatch.json`` (``sm90_dq_dispatch.json``) says so, else the Triton one;
 * **the decode kernel's split count** (:func:`choose_num_splits`, asked by
   ``kernels.decode`` per call): from host-known sizes only (the batch, heads and the
   longest possible key count: ``max_seqlen_k``, an int ``cache_seqlens`` or the cache's
@@ -87,6 +88,7 @@ class GluonKernel:
 FORWARD_SM90 = GluonKernel("attnlab.kernels.forward_sm90", "sm90_dispatch.json", "Sm90Config")
 DKDV_SM90 = GluonKernel("attnlab.kernels.backward_sm90", "sm90_backward_dispatch.json",
                         "Sm90BackwardConfig")
+DQ_SM90 = GluonKernel("attnlab.kernels.dq_sm90", "sm90_dq_dispatch.json", "Sm90DqConfig")
 # Read once per process; table_override() swaps one in for a measurement.
 _TABLES: dict[GluonKernel, dict] = {}
 
@@ -129,28 +131,44 @@ def dkdv_config(q, k, v, dout, *, layout: str, causal: bool, window, softcap: fl
 
     ``requested`` (an ``Sm90BackwardConfig``) forces it, and a call it cannot compute is
     then a ValueError naming why; otherwise (``use_table``) the committed table decides."""
+    return _backward_gluon_config(DKDV_SM90, "dkdv_sm90", q, k, v, dout, layout=layout,
+                                  causal=causal, window=window, softcap=softcap,
+                                  requested=requested, use_table=use_table)
+
+
+def dq_config(q, k, v, dout, *, layout: str, causal: bool, window, softcap: float,
+              requested=None, use_table: bool = True):
+    """:func:`dkdv_config` for the Gluon dQ kernel (``kernels/dq_sm90.py``, its table
+    ``sm90_dq_dispatch.json``; ``requested``: an ``Sm90DqConfig``)."""
+    return _backward_gluon_config(DQ_SM90, "dq_sm90", q, k, v, dout, layout=layout,
+                                  causal=causal, window=window, softcap=softcap,
+                                  requested=requested, use_table=use_table)
+
+
+def _backward_gluon_config(kernel: GluonKernel, argument: str, q, k, v, dout, *,
+                           layout: str, causal: bool, window, softcap: float, requested,
+                           use_table: bool):
     if requested is None and not use_table:
         return None
     if layout_named(layout).is_varlen or not _gluon_usable(q):
         if requested is not None:
-            raise ValueError(f"dkdv_sm90={requested} needs a CUDA call outside torch.compile, "
+            raise ValueError(f"{argument}={requested} needs a CUDA call outside torch.compile, "
                              f"layout 'bshd' or 'bhsd' and a Triton whose Gluon attnlab "
                              f"knows ({gluon_refusal() or 'this one is'})")
         return None
     from attnlab.kernels._sm90 import tma_aligned
 
-    config = requested or DKDV_SM90.bucket_config(q, k, layout=layout, causal=causal)
+    config = requested or kernel.bucket_config(q, k, layout=layout, causal=causal)
     if config is None:
         return None
     # An expanded dO (out.sum().backward() gives stride 0) is no TMA operand: one copy.
     copy_dout = not tma_aligned(dout)
     kernel_dout = dout.contiguous() if copy_dout else dout
-    ok, reason = DKDV_SM90.kernel_module().supports(q, k, v, kernel_dout, layout=layout,
-                                                    window=window, softcap=softcap,
-                                                    config=config)
+    ok, reason = kernel.kernel_module().supports(q, k, v, kernel_dout, layout=layout,
+                                                 window=window, softcap=softcap, config=config)
     if not ok:
         if requested is not None:
-            raise ValueError(f"dkdv_sm90={config.name()} cannot compute this call: {reason}")
+            raise ValueError(f"{argument}={config.name()} cannot compute this call: {reason}")
         return None
     return config, copy_dout, kernel_dout
 
