@@ -417,13 +417,18 @@ def phase_sm90(ctx) -> None:
 
 
 # ---------------------------------------------------------------------------
-# The dQ sweep's shapes: the seed's GQA layer, and the fwd+bwd table's d = 128 and 64.
+# The dQ sweep's shapes: the seed's GQA layer, and the fwd+bwd table's d = 128 and 64,
+# one per length bucket the table keys on (``--shapes`` picks some).
 DQ_SHAPES = [AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=n, seqlen_k=n,
-                            head_dim=256, dtype="bf16", causal=True) for n in (4096, 16384)] + [
+                            head_dim=256, dtype="bf16", causal=True)
+             for n in (4096, 16384, 1024, 2048, 8192)] + [
     AttentionShape(batch=16384 // n, query_heads=16, kv_heads=16, seqlen_q=n, seqlen_k=n,
                    head_dim=d, dtype="bf16", causal=causal)
     for d, n, causal in ((128, 4096, True), (128, 4096, False), (128, 1024, True),
-                         (128, 16384, True), (64, 4096, True), (64, 4096, False))]
+                         (128, 16384, True), (64, 4096, True), (64, 4096, False),
+                         (128, 2048, True), (128, 8192, True), (128, 1024, False),
+                         (128, 2048, False), (128, 8192, False), (128, 16384, False),
+                         (64, 1024, True), (64, 16384, True))]
 
 
 def dq_plan(args) -> list[AttentionShape]:
