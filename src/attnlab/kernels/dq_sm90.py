@@ -142,11 +142,11 @@ def _work(num_m_blocks, block_major, IS_CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _key_tiles(m_first, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """How many key tiles the rows from ``m_first`` on (to the block's end) may see:
-    bottom-right causal, row m sees key n when n <= m + seqlen_k - seqlen_q."""
+def _key_tiles(rows_end, seqlen_q, seqlen_k, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """How many key tiles the rows before ``rows_end`` may see: bottom-right causal, row
+    m sees key n when n <= m + seqlen_k - seqlen_q."""
     if IS_CAUSAL:
-        kv_hi = gl.minimum(m_first + _BLOCK_M + seqlen_k - seqlen_q, seqlen_k)
+        kv_hi = gl.minimum(rows_end + seqlen_k - seqlen_q, seqlen_k)
         return gl.cdiv(gl.maximum(kv_hi, 0), BLOCK_N)
     return gl.cdiv(seqlen_k, BLOCK_N)
 
@@ -207,16 +207,13 @@ def _consumer(q_smem, do_smem, k_smem, v_smem, q_ready, ready, empty, O, LSE, DL
     row0 = block * _BLOCK_M + WG * _ROWS
     offs_m = row0 + gl.arange(0, _ROWS, layout=row_layout)
     diag_offset = seqlen_k - seqlen_q
-    n_tiles = _key_tiles(block * _BLOCK_M, seqlen_q, seqlen_k, BLOCK_N, IS_CAUSAL)
+    # The block's key tiles (the producer's), those any row of this warpgroup sees, and
+    # those every row of it sees in full.
+    n_tiles = _key_tiles(block * _BLOCK_M + _BLOCK_M, seqlen_q, seqlen_k, BLOCK_N, IS_CAUSAL)
+    n_seen = _key_tiles(row0 + _ROWS, seqlen_q, seqlen_k, BLOCK_N, IS_CAUSAL)
+    n_unmasked = seqlen_k // BLOCK_N
     if IS_CAUSAL:
-        # Tiles every row of this warpgroup sees in full, and the tiles any of them sees.
-        n_unmasked = gl.minimum(gl.maximum(row0 + diag_offset + 1, 0) // BLOCK_N,
-                                seqlen_k // BLOCK_N)
-        n_seen = gl.minimum(gl.cdiv(gl.maximum(gl.minimum(row0 + _ROWS + diag_offset,
-                                                          seqlen_k), 0), BLOCK_N), n_tiles)
-    else:
-        n_unmasked = seqlen_k // BLOCK_N
-        n_seen = n_tiles
+        n_unmasked = gl.minimum(gl.maximum(row0 + diag_offset + 1, 0) // BLOCK_N, n_unmasked)
     n_unmasked = gl.minimum(n_unmasked, n_seen)
 
     q_wg = q_smem.index(WG)
@@ -264,7 +261,7 @@ def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, 
         tma_load_box(do_desc, [off_b, off_h, m_first + half * _ROWS, 0], q_ready.index(half),
                      do_smem.index(half))
     tile_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
-    for tile in range(_key_tiles(m_first, seqlen_q, seqlen_k, BLOCK_N, IS_CAUSAL)):
+    for tile in range(_key_tiles(m_first + _BLOCK_M, seqlen_q, seqlen_k, BLOCK_N, IS_CAUSAL)):
         stage = tile % STAGES
         # A fresh mbarrier counts as having completed the phase before phase 0.
         mbarrier.wait(empty.index(stage), ((tile // STAGES) & 1) ^ 1)
