@@ -688,9 +688,10 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
         delta_shape = (batch, num_heads, seqlen_pad)
         delta_strides = (num_heads * seqlen_pad, seqlen_pad)
     if gluon_dq is not None:
-        from attnlab.kernels import dq_sm90
+        from attnlab.kernels.dq_sm90 import BLOCK_M as GLUON_DQ_BLOCK_M
+        from attnlab.kernels.dq_sm90 import plan_launch as plan_gluon_dq
 
-        dq_block_m, dq_block_n = dq_sm90.BLOCK_M, gluon_dq[0].block_n
+        dq_block_m, dq_block_n = GLUON_DQ_BLOCK_M, gluon_dq[0].block_n
     else:
         dq_block_m, dq_block_n = config.dq_block_m, config.dq_block_n
     q_blocks = triton.cdiv(seqlen_q, dq_block_m)
@@ -711,7 +712,7 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
                 SPLIT_OUTPUTS=config.dkdv_split,
                 num_warps=config.num_warps, num_stages=config.num_stages))
     if gluon_dq is not None:
-        dq = dq_sm90.plan_launch(
+        dq = plan_gluon_dq(
             q, k, v, out, gluon_dq[2], layout=layout, scale=scale, causal=causal,
             config=gluon_dq[0], block_major=dq_block_major, stat_strides=stat_strides,
             delta_strides=delta_strides, has_dlse=has_dlse, write_lse_log2=sm90 is not None)
