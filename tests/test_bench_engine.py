@@ -337,23 +337,28 @@ def test_the_table_writers_still_run_on_committed_records():
     assert done.stdout.startswith("| shape (bf16, fwd + bwd) |")
 
 
-def test_the_l2_schedule_simulation_reads_each_tile_once_when_it_fits(monkeypatch):
+def test_the_l2_schedule_script_replays_both_orders_through_the_models_lru(monkeypatch):
+    # The replay itself is the cache model's (tests/test_model_l2.py); the script keeps
+    # session 16's order beside it.
     monkeypatch.syspath_prepend(str(BENCH))
     import l2_schedule_sim as sim
 
-    options = dict(seqlen=1024, kv_heads=2, group=4, block_m=64)
-    tiles = 2 * 4 * 1024 // 64  # every (query head, tile) the launch reads
-    for schedule in (dict(split=1, block_major=False, last_tile_first=False),
-                     dict(split=2, block_major=True, last_tile_first=True)):
-        progs = sim.programs(**options, **schedule)
-        assert len(progs) == 1024 // 128 * 2 * schedule["split"]
-        # An L2 that holds every tile: each read from DRAM once.
-        assert sim.dram_bytes(progs, tile_bytes=1, l2_bytes=tiles, slots=4) == tiles
+    from attnlab.model.l2 import KeyBlockOrder, key_block_programs, lru_misses
+
+    shape = AttentionShape(batch=1, query_heads=8, kv_heads=2, seqlen_q=1024, seqlen_k=1024,
+                           head_dim=256, dtype="bf16", causal=True)
+    old = sim.session16_programs(shape, 64)
+    split = key_block_programs(shape, KeyBlockOrder(128, 64, block_major=True, head_split=2))
+    assert len(old) == 1024 // 128 * 2 and len(split) == 2 * len(old)
+    # The same (head, tile) reads, in other orders.
+    assert sorted(t for p in old for t in p) == sorted(t for p in split for t in p)
+    tiles = 8 * 1024 // 64  # every (query head, tile) the launch reads
+    for programs in (old, split):  # an L2 that holds every tile: each read once
+        assert sum(lru_misses(programs, capacity=tiles, slots=4).values()) == tiles
     # A small L2: the programs that read each tile together read fewer again.
-    apart = sim.programs(**options, split=1, block_major=False, last_tile_first=False)
-    together = sim.programs(**options, split=1, block_major=False, last_tile_first=True)
-    small = dict(tile_bytes=1, l2_bytes=8, slots=16)
-    assert sim.dram_bytes(together, **small) < sim.dram_bytes(apart, **small)
+    together = key_block_programs(shape, KeyBlockOrder(128, 64))
+    small = dict(capacity=8, slots=16)
+    assert sum(lru_misses(together, **small).values()) < sum(lru_misses(old, **small).values())
 
 
 def run_on_cpu(script: str, argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:

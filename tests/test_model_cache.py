@@ -253,7 +253,12 @@ def test_a_paged_cache_reads_the_same_rows_and_its_live_block_table_entries(batc
 
 
 def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
-    from attnlab.model.cache import FusedTiling, Launch, predict_attnlab_backward
+    from attnlab.model.cache import (
+        FusedTiling,
+        Launch,
+        predict_attnlab_dq,
+        predict_triton_dkdv,
+    )
 
     # 2 query heads on 1 KV head, 512 x 64 fp16 rows: every CTA resident at once, so
     # each operand comes from DRAM once.  dQ reads Q, dO, O, LSE and K, V; writes dQ, D
@@ -261,7 +266,8 @@ def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
     shape = AttentionShape(query_heads=2, kv_heads=1, seqlen_q=512, seqlen_k=512, head_dim=64,
                            dtype="fp16", causal=True)
     tiling = FusedTiling(128, 64, Launch(threads=256, registers_per_thread=168, shared_bytes=0))
-    dq, dkdv = predict_attnlab_backward(shape, dq=tiling, dkdv=tiling, lse_log2=True)
+    dq = predict_attnlab_dq(shape, dq=tiling, lse_log2=True)
+    dkdv = predict_triton_dkdv(shape, dkdv=tiling)
     act, kv, stats = 2 * 512 * 64 * 2, 512 * 64 * 2, 2 * 512 * 4
     assert (dq.role, dkdv.role) == ("backward_dq", "backward_dkdv")
     assert dq.read_bytes == 3 * act + stats + 2 * kv
@@ -272,8 +278,7 @@ def test_attnlab_backward_prediction_reads_each_operand_once_when_resident():
     assert dq.write_bytes == dkdv.write_bytes == 0
     # Split (BackwardConfig.dkdv_split): the dV program reads Q, dO, LSE and the dK
     # program Q, dO, LSE, D, each over every query row of the group.
-    _, split = predict_attnlab_backward(shape, dq=tiling, dkdv=tiling, lse_log2=True,
-                                        dkdv_split=True)
+    split = predict_triton_dkdv(shape, dkdv=tiling, split=True)
     assert split.read_bytes == 2 * kv + 2 * (2 * act + stats) + stats
     assert split.written_bytes == 2 * kv
 
@@ -368,7 +373,11 @@ def test_the_gluon_d256_backward_is_predicted_as_its_two_launches():
     assert "dV launch" in dv.label and "dK launch" in dk.label
     kv = 4 * 4096 * 256 * 2  # one of K, V: once per KV head
     rows = 24 * 4096  # causal: every query row sees a key
-    assert dv.written_bytes == dk.written_bytes == kv
+    # At 4k the schedule splits each key block's query heads between two programs
+    # (dispatch.dkdv_schedule), each storing an fp32 partial of the launch's gradient.
+    assert plan["schedule"] == {"block_major": True, "head_split": 2}
+    partials = 32 * 4 * 2 * 128 * 256 * 4  # (key blocks x KV heads) x 2 programs x block
+    assert dv.written_bytes == dk.written_bytes == kv + partials
     # The dV launch reads K once and the group's Q, dO, LSE; the dK launch K, V once and
     # Q, dO, LSE, D (each at least once: more when they do not stay in L2).
     assert dv.read_bytes >= kv + rows * (2 * 256 * 2 + 4)

@@ -365,7 +365,7 @@ def _ncu_kernel_table(kernels, title: str):
 
 
 def _print_ncu_results(kernels, comparisons, title: str, as_json: bool) -> None:
-    from attnlab.measure.compare import markdown_table
+    from attnlab.measure.compare import kernel_markdown_table, markdown_table
 
     if as_json:
         _print_json({"kernels": [k.summary() for k in kernels],
@@ -377,6 +377,10 @@ def _print_ncu_results(kernels, comparisons, title: str, as_json: bool) -> None:
         console.print("\nDRAM bytes of one call (MB = 10^6 B): measured by ncu vs the "
                       "cache-aware and logical models")
         console.print(markdown_table(comparisons), markup=False)
+        # A case's total can hide its kernels' errors (a fwd+bwd call: the forward, dQ and
+        # the dK/dV launches), so each kernel beside the others.
+        console.print("Per kernel (MB = 10^6 B, one launch):")
+        console.print(kernel_markdown_table(comparisons), markup=False)
 
 
 def run_ncu_verb(args: argparse.Namespace) -> int:

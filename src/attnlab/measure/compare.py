@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from attnlab.measure.ncu import NcuKernel
 from attnlab.measure.profile import is_gemm
 from attnlab.model import cache as cache_model
+from attnlab.model import l2 as l2_model
 from attnlab.shapes import AttentionShape
 
 # The goal of issue 5: the cache-aware estimate within 15% of measured DRAM bytes.
@@ -102,12 +103,17 @@ def predict(provider: str, shape: AttentionShape,
     return cache_model.predict(provider, shape, hw)
 
 
-def attnlab_backward_plan(shape: AttentionShape) -> dict:
+def attnlab_backward_plan(shape: AttentionShape,
+                          hw: cache_model.CacheHardware = cache_model.H200) -> dict:
     """What attnlab's backward launches for ``shape``, as the models take it: the traffic
     variant (``"attnlab-sm90"`` where the Gluon dK/dV kernel's dispatch table takes the
     bucket), each kernel's (query rows, key rows) tiles, and their cache-model tilings
     (launch sizes estimated from the configs: threads, a register count at the cap the
-    warps allow, the tiles' shared memory)."""
+    warps allow, the tiles' shared memory).  The Gluon kernel's launches (``gluon``) carry
+    its real layout: ``Sm90BackwardConfig.launches`` (at d = 256 the dV launch, then the dK
+    launch, each with its own query tiles), ``dispatch.dkdv_schedule``'s program order and
+    head split on ``hw``'s SMs (one schedule for every launch of a call, as
+    ``kernels/backward.py`` asks it once), ``BLOCK_N`` keys a program."""
     from attnlab.kernels._compat import gluon_refusal
     from attnlab.kernels.configs import backward_config, head_dim_padded, length_bucket
 
@@ -115,57 +121,73 @@ def attnlab_backward_plan(shape: AttentionShape) -> dict:
     d_pad = head_dim_padded(shape.head_dim)
     b = shape.element_bytes
 
-    def tiling(block_m, block_n, warps, shared):
+    def launch(warps, shared):
         registers = min(255, 65536 // (32 * warps) // 8 * 8)
-        return cache_model.FusedTiling(block_m, block_n,
-                                       cache_model.Launch(32 * warps, registers, shared))
+        return cache_model.Launch(32 * warps, registers, shared)
 
     sm90 = None
     if gluon_refusal() is None and not shape.has_window:
-        from attnlab.kernels import backward_sm90
         from attnlab.kernels.dispatch import DKDV_SM90
 
         bucket = length_bucket(max(shape.seqlen_q, shape.seqlen_k))
         sm90 = DKDV_SM90.table().get((shape.head_dim, shape.causal, bucket))
     dq_tiles = (config.dq_block_m, config.dq_block_n)
-    dq = tiling(*dq_tiles, config.num_warps, (2 * config.dq_block_m + 2 * config.num_stages
-                                              * config.dq_block_n) * d_pad * b)
-    dv_tiles = dv = None
-    if sm90 is not None:
-        # Per launch (form_dk, form_dv, block_m, stages); the dK/dV launch, or at d = 256
-        # the dV launch then the dK launch, each with its own tiles.
-        launches = {dk: (block_m, stages) for dk, _, block_m, stages
-                    in sm90.launches(shape.head_dim)}
-
-        def gluon_tiling(form_dk):
-            block_m, stages = launches[form_dk]
-            return (block_m, backward_sm90.BLOCK_N), tiling(
-                block_m, backward_sm90.BLOCK_N, 3 * backward_sm90.CONSUMER_WARPS,
-                backward_sm90.launch_shared_memory_bytes(shape.head_dim, form_dk, block_m,
-                                                         stages, b))
-
-        dkdv_tiles, dkdv = gluon_tiling(True)
-        if False in launches:
-            dv_tiles, dv = gluon_tiling(False)
-    else:
+    dq = cache_model.FusedTiling(*dq_tiles, launch(
+        config.num_warps,
+        (2 * config.dq_block_m + 2 * config.num_stages * config.dq_block_n) * d_pad * b))
+    if sm90 is None:
         dkdv_tiles = (config.dkdv_block_m, config.dkdv_block_n)
-        dkdv = tiling(*dkdv_tiles, config.num_warps,
-                      (2 * config.dkdv_block_n + 2 * config.num_stages * config.dkdv_block_m)
-                      * d_pad * b)
-    return {"variant": "attnlab-sm90" if sm90 is not None else "attnlab",
-            "dq_tiles": dq_tiles, "dkdv_tiles": dkdv_tiles, "dq": dq, "dkdv": dkdv,
-            "dv_tiles": dv_tiles, "dv": dv,
-            "config": config.as_dict(), "sm90": None if sm90 is None else sm90.name()}
+        dkdv = cache_model.FusedTiling(*dkdv_tiles, launch(
+            config.num_warps, (2 * config.dkdv_block_n + 2 * config.num_stages
+                               * config.dkdv_block_m) * d_pad * b))
+        return {"variant": "attnlab", "dq_tiles": dq_tiles, "dkdv_tiles": dkdv_tiles,
+                "dv_tiles": None, "dq": dq, "dkdv": dkdv, "gluon": (), "schedule": None,
+                "config": config.as_dict(), "sm90": None}
+    gluon, schedule = _gluon_launches(shape, sm90, hw)
+    # The traffic model's tiles: the dK (or dK/dV) launch's, and the dV launch's apart.
+    tiles = {launch.forms_dk: (launch.order.block_m, launch.order.block_n) for launch in gluon}
+    return {"variant": "attnlab-sm90", "dq_tiles": dq_tiles, "dkdv_tiles": tiles[True],
+            "dv_tiles": tiles.get(False), "dq": dq, "dkdv": None, "gluon": gluon,
+            "schedule": schedule, "config": config.as_dict(), "sm90": sm90.name()}
+
+
+def _gluon_launches(shape: AttentionShape, sm90, hw: cache_model.CacheHardware
+                    ) -> tuple[tuple[cache_model.GluonDkdvLaunch, ...], dict]:
+    """The Gluon dK/dV launches of ``sm90`` (a ``Sm90BackwardConfig``) for ``shape``, and
+    the schedule they run in, as the cache model takes them."""
+    from attnlab.kernels import backward_sm90
+    from attnlab.kernels.dispatch import dkdv_schedule
+
+    schedule = dkdv_schedule(batch=shape.batch, kv_heads=shape.kv_heads,
+                             group_size=shape.group_size, seqlen_q=shape.seqlen_q,
+                             seqlen_k=shape.seqlen_k, causal=shape.causal,
+                             block_m=sm90.block_m, block_n=backward_sm90.BLOCK_N,
+                             sm_count=hw.sm_count)
+    warps = 3 * backward_sm90.CONSUMER_WARPS  # two consumer warpgroups and the producer's
+    registers = min(255, 65536 // (32 * warps) // 8 * 8)
+    launches = tuple(
+        cache_model.GluonDkdvLaunch(
+            form_dk, form_dv,
+            l2_model.KeyBlockOrder(backward_sm90.BLOCK_N, block_m, schedule.block_major,
+                                   schedule.head_split),
+            cache_model.Launch(32 * warps, registers, backward_sm90.launch_shared_memory_bytes(
+                shape.head_dim, form_dk, block_m, stages, shape.element_bytes)))
+        for form_dk, form_dv, block_m, stages in sm90.launches(shape.head_dim))
+    return launches, {"block_major": schedule.block_major, "head_split": schedule.head_split}
 
 
 def predict_backward(shape: AttentionShape, hw: cache_model.CacheHardware = cache_model.H200
                      ) -> list[cache_model.PredictedKernel]:
-    """The cache model's attnlab backward kernels for ``shape``: dQ, then dK/dV (or, for
-    the Gluon kernel at d = 256, its dV launch and its dK launch)."""
-    plan = attnlab_backward_plan(shape)
-    return cache_model.predict_attnlab_backward(
-        shape, hw, dq=plan["dq"], dkdv=plan["dkdv"], lse_log2=plan["variant"] == "attnlab-sm90",
-        dkdv_split=_split_dkdv(plan), dv=plan["dv"])
+    """The cache model's attnlab backward kernels for ``shape``: dQ, then dK/dV -- the
+    Triton kernel's launch, or the Gluon kernel's (at d = 256 its dV launch and its dK
+    launch, their row re-reads replayed through the fitted LRU L2)."""
+    plan = attnlab_backward_plan(shape, hw)
+    dq = cache_model.predict_attnlab_dq(shape, hw, dq=plan["dq"],
+                                        lse_log2=plan["variant"] == "attnlab-sm90")
+    if plan["gluon"]:
+        return [dq, *cache_model.predict_gluon_dkdv(shape, hw, launches=plan["gluon"])]
+    return [dq, cache_model.predict_triton_dkdv(shape, hw, dkdv=plan["dkdv"],
+                                                split=_split_dkdv(plan))]
 
 
 def _split_dkdv(plan: dict) -> bool:

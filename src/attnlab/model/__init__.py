@@ -7,12 +7,14 @@
 - :mod:`~attnlab.model.hardware`: datasheet or measured ceilings, ridge points.
 - :mod:`~attnlab.model.amdahl`: speedup from a time share, across boundaries.
 - :mod:`~attnlab.model.cache`: a cache-aware estimate of the DRAM bytes ncu measures.
+- :mod:`~attnlab.model.l2`: row reads replayed through one LRU cache in the block
+  scheduler's order (the Gluon dK/dV launches' re-reads; its capacity is fitted).
 
 Which (query, key) pairs and tiles a mask keeps is :mod:`attnlab.masking` (the
 ground floor the reference and the kernels share).  Nothing here imports torch, so
 the models run anywhere the shapes do.
 """
 
-from attnlab.model import amdahl, cache, flops, hardware, memory, traffic
+from attnlab.model import amdahl, cache, flops, hardware, l2, memory, traffic
 
-__all__ = ["amdahl", "cache", "flops", "hardware", "memory", "traffic"]
+__all__ = ["amdahl", "cache", "flops", "hardware", "l2", "memory", "traffic"]

@@ -5,10 +5,10 @@ For fused attention that is 17x too high on an H200: a K/V tile that one CTA
 loads is re-read by the other CTAs of the same head *while they are resident at
 the same time*, and those re-reads hit L2.  This module predicts what
 ``dram__bytes_read.sum`` and ``dram__bytes_write.sum`` report, from hardware facts
-and the kernel's launch, with nothing fitted to the measurements.
+and the kernel's launch, with one thing fitted to measurements: the LRU capacity of 7.
 
-What it assumes (facts of the hardware and of the measuring tool, except 5, which
-is the one modelling choice):
+What it assumes (facts of the hardware and of the measuring tool, except 5, a
+modelling choice, and 7, a modelling choice with a fitted parameter):
 
 1. **ncu's conditions.**  ``ncu`` (default ``--cache-control all``) flushes and
    invalidates the caches before each kernel it measures, so every kernel starts
@@ -42,6 +42,14 @@ is the one modelling choice):
    CTA budget) and otherwise 128 x 64 tiles of 128 threads; cuDNN's Hopper kernel
    is persistent (one 384-thread CTA per SM, 128 x 128 tiles) and writes no LSE
    in inference; eager PyTorch launches GEMM, scale, [mask], softmax, GEMM.
+7. **The Gluon dK/dV launches' re-reads** (:func:`predict_gluon_dkdv`).  Their
+   programs share the GQA group's Q, dO, LSE and D rows only while they read them at
+   about the same time, and which do is decided by the program order, the read order
+   and the block scheduler, not by waves: :mod:`attnlab.model.l2` replays every
+   program's tile reads in that order through one LRU cache.  Its capacity is fitted
+   (``hardware.GH100_L2_LRU_FIT_BYTES``, ~37 MB against the chip's 50 MiB), so these
+   predictions are estimates that move steeply with it (near the fit, ~3% of the seed
+   layer's launch bytes per MB of capacity), not derived facts.
 
 Not modelled: sector granularity and partial-line writes, L2 set conflicts and a
 replacement policy that is not LRU, causal grids whose early-finishing CTAs let
@@ -57,13 +65,13 @@ heads, -13.6%), where the logical model is up to 20x too high for the fused kern
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from attnlab.checks import check_int
 from attnlab.dtypes import canonical_kv_dtype
 from attnlab.masking import shape_band, visible_pairs
-from attnlab.model import hardware
+from attnlab.model import hardware, l2
 from attnlab.model import traffic as logical_traffic
 from attnlab.shapes import AttentionShape, check_shape
 
@@ -87,11 +95,16 @@ class CacheHardware:
     registers_per_sm: int = 65536
     max_threads_per_sm: int = 2048
     max_ctas_per_sm: int = 32
+    # The one LRU cache predict_gluon_dkdv replays row reads through: fitted, not a fact
+    # (hardware.GH100_L2_LRU_FIT_BYTES); None where nothing was fitted.
+    l2_lru_fit_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("sm_count", "l2_bytes", "l2_partitions", "shared_bytes_per_sm",
                      "registers_per_sm", "max_threads_per_sm", "max_ctas_per_sm"):
             check_int(name, getattr(self, name), minimum=1)
+        if self.l2_lru_fit_bytes is not None:
+            check_int("l2_lru_fit_bytes", self.l2_lru_fit_bytes, minimum=1)
 
 
 def cache_hardware(name: str) -> CacheHardware:
@@ -101,7 +114,8 @@ def cache_hardware(name: str) -> CacheHardware:
         known = [g.name for g in hardware.GPUS.values() if g.sm_count and g.l2_bytes]
         raise ValueError(f"the cache model needs the SM count and L2 size of {gpu.name}; "
                          f"the GPU table has them for {', '.join(known)}")
-    return CacheHardware(gpu.name, sm_count=gpu.sm_count, l2_bytes=gpu.l2_bytes)
+    return CacheHardware(gpu.name, sm_count=gpu.sm_count, l2_bytes=gpu.l2_bytes,
+                         l2_lru_fit_bytes=gpu.l2_lru_fit_bytes)
 
 
 H200 = cache_hardware("H200")
@@ -414,90 +428,119 @@ def _visible_query_rows(shape: AttentionShape) -> int:
     return max(0, stop - first)
 
 
-def predict_attnlab_backward(shape: AttentionShape, hw: CacheHardware = H200, *,
-                             dq: FusedTiling, dkdv: FusedTiling,
-                             lse_log2: bool = False, dkdv_split: bool = False,
-                             dv: FusedTiling | None = None) -> list[PredictedKernel]:
-    """attnlab's two backward launches (``kernels/backward.py``), in launch order.
+def predict_attnlab_dq(shape: AttentionShape, hw: CacheHardware = H200, *, dq: FusedTiling,
+                       lse_log2: bool = False) -> PredictedKernel:
+    """attnlab's dQ launch (grid: query tiles x batch x heads, ``dq.block_m`` rows each):
+    Q, dO, O and LSE of its rows read once (it forms D there), K and V streamed and shared
+    by the CTAs of a KV group as in the forward (assumption 3); writes dQ, D and, where the
+    Gluon dK/dV kernel follows (``lse_log2``), LSE in log2 units.  The tiling comes from
+    the caller (:func:`attnlab.measure.compare.predict_backward` reads the kernels' tables)."""
+    s = _check(shape)
+    rows = s.batch * s.query_heads * s.seqlen_q
+    act = rows * s.head_dim * s.element_bytes
+    stats = rows * STATS_BYTES
+    kv_per_head = 2 * _visible_kv_rows(s) * s.head_dim * s.element_bytes
+    q_tiles = -(-s.seqlen_q // dq.block_m)
+    resident = hw.sm_count * dq.launch.ctas_per_sm(hw)
+    passes = kv_dram_passes(q_tiles * s.group_size, resident, kv_per_head, hw)
+    return _kernel(
+        "backward_dq", f"attnlab dQ ({dq.block_m} x {dq.block_n} tiles; forms D)",
+        unshared_reads=3 * act + stats, shared_reads=s.batch * s.kv_heads * kv_per_head * passes,
+        written=act + stats * (2 if lse_log2 else 1), hw=hw,
+        notes=(f"K/V read from DRAM {passes}x per KV head ({q_tiles * s.group_size} CTAs "
+               f"share them, {resident} resident)",
+               "D" + (" and LSE (log2)" if lse_log2 else "") + " written (FP32)"))
 
-    dQ (grid: query tiles x batch x heads, ``dq.block_m`` rows each): Q, dO, O and LSE of
-    its rows read once (it forms D there), K and V streamed and shared by the CTAs of a
-    KV group as in the forward (assumption 3); writes dQ, D and, where the Gluon dK/dV
-    kernel follows (``lse_log2``), LSE in log2 units.  dK/dV (grid: key blocks x batch x
+
+def predict_triton_dkdv(shape: AttentionShape, hw: CacheHardware = H200, *,
+                        dkdv: FusedTiling, split: bool = False) -> PredictedKernel:
+    """attnlab's Triton dK/dV launch (``kernels/backward.py``; grid: key blocks x batch x
     KV heads, ``dkdv.block_n`` keys each, the group's query heads walked by one CTA): its
     K and V read once, the group's Q, dO, LSE and D rows shared by the key blocks of the
-    KV head, re-read from DRAM once per wave when they do not fit; writes dK, dV once
-    per KV head (no GQA reduction).  With ``dkdv_split`` (``BackwardConfig.dkdv_split``)
-    two programs own each key block, one forming dV (it reads Q, dO, LSE), one dK (Q, dO,
+    KV head, re-read from DRAM once per wave when they do not fit; writes dK, dV once per
+    KV head (no GQA reduction).  With ``split`` (``BackwardConfig.dkdv_split``) two
+    programs own each key block, one forming dV (it reads Q, dO, LSE), one dK (Q, dO,
     LSE, D): the key blocks of a KV head make twice the CTAs, and the rows are counted
     once per program -- the two walk the query tiles at different speeds (2 against 3
     MMAs a tile), so the model assumes no sharing between them (Nsight Compute, d = 256
-    4k causal: 255.7 MB measured, 234.1 predicted, 131.3 with one stream).  ``dv`` (the
-    Gluon kernel at d = 256, ``backward_sm90.ONE_GRADIENT_PER_LAUNCH``) makes them two
-    launches instead, each its own kernel with its own tiling: the dV launch (K; the
-    group's Q, dO, LSE; writes dV), then the dK launch (``dkdv``: K, V; Q, dO, LSE, D;
-    writes dK).  The tilings come from the caller
-    (:func:`attnlab.measure.compare.predict_backward` reads the kernels' tables)."""
+    4k causal: 255.7 MB measured, 234.1 predicted, 131.3 with one stream)."""
     s = _check(shape)
     b, d = s.element_bytes, s.head_dim
-    rows = s.batch * s.query_heads * s.seqlen_q
-    act = rows * d * b
-    stats = rows * STATS_BYTES
-    kv_per_head = 2 * _visible_kv_rows(s) * d * b
-    q_tiles = -(-s.seqlen_q // dq.block_m)
-    dq_resident = hw.sm_count * dq.launch.ctas_per_sm(hw)
-    dq_passes = kv_dram_passes(q_tiles * s.group_size, dq_resident, kv_per_head, hw)
-    dq_kernel = _kernel(
-        "backward_dq", f"attnlab dQ ({dq.block_m} x {dq.block_n} tiles; forms D)",
-        unshared_reads=3 * act + stats, shared_reads=s.batch * s.kv_heads * kv_per_head * dq_passes,
-        written=act + stats * (2 if lse_log2 else 1), hw=hw,
-        notes=(f"K/V read from DRAM {dq_passes}x per KV head ({q_tiles * s.group_size} CTAs "
-               f"share them, {dq_resident} resident)",
-               "D" + (" and LSE (log2)" if lse_log2 else "") + " written (FP32)"))
-    kv_blocks = -(-s.seqlen_k // dkdv.block_n)
+    blocks = -(-s.seqlen_k // dkdv.block_n) * (2 if split else 1)
     group_rows = s.group_size * _visible_query_rows(s)
-    q_per_kv_head = group_rows * (2 * d * b + 2 * STATS_BYTES)
+    rows_per_kv_head = group_rows * ((2 if split else 1) * (2 * d * b + STATS_BYTES)
+                                     + STATS_BYTES)
     kv = s.batch * s.kv_heads * s.seqlen_k * d * b
-    if dv is not None:
-        return [dq_kernel, *_gluon_one_gradient_launches(s, hw, dkdv, dv, group_rows, kv)]
-    if dkdv_split:
-        kv_blocks *= 2
-        q_per_kv_head += group_rows * (2 * d * b + STATS_BYTES)
-    dkdv_resident = hw.sm_count * dkdv.launch.ctas_per_sm(hw)
-    dkdv_passes = kv_dram_passes(kv_blocks, dkdv_resident, q_per_kv_head, hw)
-    dkdv_kernel = _kernel(
+    resident = hw.sm_count * dkdv.launch.ctas_per_sm(hw)
+    passes = kv_dram_passes(blocks, resident, rows_per_kv_head, hw)
+    return _kernel(
         "backward_dkdv", f"attnlab dK/dV ({dkdv.block_n} keys x {dkdv.block_m} rows"
-                         f"{'; dK and dV by separate programs' if dkdv_split else ''})",
-        unshared_reads=2 * kv, shared_reads=s.batch * s.kv_heads * q_per_kv_head * dkdv_passes,
+                         f"{'; dK and dV by separate programs' if split else ''})",
+        unshared_reads=2 * kv, shared_reads=s.batch * s.kv_heads * rows_per_kv_head * passes,
         written=2 * kv, hw=hw,
-        notes=(f"Q, dO, LSE, D read from DRAM {dkdv_passes}x per KV head ({kv_blocks} CTAs "
-               f"share them, {dkdv_resident} resident)", "dK, dV once per KV head"))
-    return [dq_kernel, dkdv_kernel]
+        notes=(f"Q, dO, LSE, D read from DRAM {passes}x per KV head ({blocks} CTAs "
+               f"share them, {resident} resident)", "dK, dV once per KV head"))
 
 
-def _gluon_one_gradient_launches(s: AttentionShape, hw: CacheHardware, dk: FusedTiling,
-                                 dv: FusedTiling, group_rows: int, kv: int
-                                 ) -> list[PredictedKernel]:
-    """predict_attnlab_backward's two Gluon launches at a one-gradient head dim (see
-    there): per launch, its key blocks share the group's rows as the one-launch kernel's
-    do (re-read once per wave when they do not fit), K (and V) read and dV (dK) written
-    once per KV head; ``kv`` is one of K, V's bytes."""
-    b, d = s.element_bytes, s.head_dim
+@dataclass(frozen=True)
+class GluonDkdvLaunch:
+    """One launch of the Gluon dK/dV kernel (``kernels/backward_sm90.py``) as the model
+    takes it: the gradients it forms (both, or at a one-gradient head dim one a launch),
+    the order its programs read their query tiles in, and what residency depends on.
+    :func:`attnlab.measure.compare.attnlab_backward_plan` reads them from the kernels."""
+
+    forms_dk: bool
+    forms_dv: bool
+    order: l2.KeyBlockOrder
+    launch: Launch
+
+    @property
+    def name(self) -> str:
+        return "dK/dV" if self.forms_dk and self.forms_dv else "dK" if self.forms_dk else "dV"
+
+
+def predict_gluon_dkdv(shape: AttentionShape, hw: CacheHardware = H200, *,
+                       launches: Sequence[GluonDkdvLaunch]) -> list[PredictedKernel]:
+    """The Gluon dK/dV kernel's launches, in launch order: per launch, K (and V where it
+    forms dK) read once per (batch, KV head); the group's Q, dO, LSE (and D where it forms
+    dK) read as often as one LRU cache of ``hw.l2_lru_fit_bytes`` (fitted, not a fact)
+    misses them with the programs in the block scheduler's order (:mod:`attnlab.model.l2`):
+    programs that start together share a tile through L2, a program that starts at the
+    last tile while the others are far below it reads its rows again.  Written: its
+    gradient(s) once per KV head and, where ``head_split`` programs share a key block,
+    each program's fp32 partial of every gradient it forms (the second of a unit to
+    arrive reads the first's back: from L2, as the unit's programs run side by side)."""
+    s = _check(shape)
+    if hw.l2_lru_fit_bytes is None:
+        fitted = [g.name for g in hardware.GPUS.values() if g.l2_lru_fit_bytes]
+        raise ValueError(f"the Gluon dK/dV replay needs an L2 capacity fitted for "
+                         f"{hw.name}; the GPU table has one for {', '.join(fitted)}")
+    kv = s.batch * s.kv_heads * s.seqlen_k * s.head_dim * s.element_bytes  # one of K, V
     kernels = []
-    for name, tiling, rows_bytes, reads in (
-            ("dV", dv, group_rows * (2 * d * b + STATS_BYTES), kv),
-            ("dK", dk, group_rows * (2 * d * b + 2 * STATS_BYTES), 2 * kv)):
-        blocks = -(-s.seqlen_k // tiling.block_n)
-        resident = hw.sm_count * tiling.launch.ctas_per_sm(hw)
-        passes = kv_dram_passes(blocks, resident, rows_bytes, hw)
+    for launch in launches:
+        order, grads = launch.order, launch.forms_dk + launch.forms_dv
+        row_bytes = 2 * s.head_dim * s.element_bytes + STATS_BYTES * (1 + launch.forms_dk)
+        slots = hw.sm_count * launch.launch.ctas_per_sm(hw)
+        misses = l2.lru_misses(l2.key_block_programs(s, order),
+                               capacity=max(1, hw.l2_lru_fit_bytes // (order.block_m * row_bytes)),
+                               slots=slots)
+        rows_read = sum(count * l2.tile_rows(s, order, item) for item, count in misses.items())
+        once = s.batch * s.query_heads * _visible_query_rows(s)
+        units = -(-s.seqlen_k // order.block_n) * s.batch * s.kv_heads
+        partials = (units * order.head_split * grads * order.block_n * s.head_dim
+                    * PARTIAL_BYTES if order.head_split > 1 else 0)
         kernels.append(_kernel(
-            "backward_dkdv", f"attnlab {name} launch (Gluon, {tiling.block_n} keys x "
-                             f"{tiling.block_m} rows)",
-            unshared_reads=reads, shared_reads=s.batch * s.kv_heads * rows_bytes * passes,
-            written=kv, hw=hw,
-            notes=(f"Q, dO, LSE{', D' if name == 'dK' else ''} read from DRAM {passes}x per "
-                   f"KV head ({blocks} CTAs share them, {resident} resident)",
-                   f"{name} once per KV head")))
+            "backward_dkdv", f"attnlab {launch.name} launch (Gluon, {order.block_n} keys x "
+                             f"{order.block_m} rows)",
+            unshared_reads=(1 + launch.forms_dk) * kv, shared_reads=rows_read * row_bytes,
+            written=grads * kv + partials, hw=hw,
+            notes=(f"Q, dO, LSE{', D' if launch.forms_dk else ''} rows read "
+                   f"{rows_read / once:.2f}x each: an LRU replay of {units * order.head_split} "
+                   f"programs on {slots} slots, {hw.l2_lru_fit_bytes / 1e6:.0f} MB (fitted)",
+                   f"{'block-major' if order.block_major else 'head by head'}, "
+                   f"{order.head_split} program(s) per key block"
+                   + (", fp32 partials written" if partials else ""),
+                   f"{launch.name} once per KV head")))
     return kernels
 
 

@@ -25,11 +25,14 @@ class GPU:
     source: str          # "datasheet" or "measured" (with what, where)
     sm_count: int | None = None   # streaming multiprocessors (the cache model's waves)
     l2_bytes: int | None = None   # L2 cache, bytes (what torch reports as L2_cache_size)
+    # The capacity of the one LRU cache model/l2.py replays row reads through: fitted to
+    # measurements, not a datasheet fact (GH100_L2_LRU_FIT_BYTES says on what).
+    l2_lru_fit_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for field_name in ("dense_tflops", "hbm_tbps"):
             check_float(field_name, getattr(self, field_name), minimum=0, min_open=True)
-        for field_name in ("sm_count", "l2_bytes"):
+        for field_name in ("sm_count", "l2_bytes", "l2_lru_fit_bytes"):
             if getattr(self, field_name) is not None:
                 check_int(field_name, getattr(self, field_name), minimum=1)
 
@@ -53,13 +56,27 @@ class GPU:
 
     def as_dict(self) -> dict:
         # The cache facts belong to the cache model's table rows, not the roofline's.
-        ceilings = {k: v for k, v in asdict(self).items() if k not in ("sm_count", "l2_bytes")}
+        ceilings = {k: v for k, v in asdict(self).items()
+                    if k not in ("sm_count", "l2_bytes", "l2_lru_fit_bytes")}
         return {**ceilings, "ridge_point": self.ridge_point}
 
 
 def _check_intensity(flop_per_byte: float) -> float:
     return check_float("flop_per_byte", flop_per_byte, minimum=0)
 
+
+# FITTED, NOT A FACT of the hardware: the capacity at which one LRU cache, replaying the
+# Gluon dK/dV launches' Q/dO/LSE/D tile reads in the block scheduler's order (model/l2.py,
+# cache.predict_gluon_dkdv), gives the DRAM bytes Nsight Compute measured.  Fitted on an
+# H100 SXM, the seed's layer (24q/4kv, d = 256, causal, 4k, bf16), bench/NOTES.md B23: it
+# put both launches' Q/dO reads within 10% of session 16 run 2's and session 17 run 3's
+# (two program orders; run 3's counters are bench/results/runs/2026-12-07-s17-run3/
+# ncu-new/ncu_backward/ncu_kernels.csv).  With K, V, the row statistics and the writes,
+# run 3's dV and dK launches come out +6.4% and -1.5% (tests/test_model_l2.py); 34-42 MB
+# keeps both within 15%, 30 or 45 do not.  Less than the 50 MiB on the chip: rows every
+# SM reads are held in both L2 partitions (cache.py, assumption 4), and L2 is not one LRU
+# cache.  The H200 (the same GH100 L2) takes it unmeasured.
+GH100_L2_LRU_FIT_BYTES = 37 * 10**6
 
 # NVIDIA product pages / datasheets, dense FP16/BF16 (the sparse figure is twice these).
 # SMs and L2 (the cache model's facts): H100 and H200 share the GH100 die as sold, 132
@@ -69,9 +86,10 @@ GPUS: dict[str, GPU] = {
     "A100": GPU("A100", 312.0, 2.039, "datasheet: A100 SXM 80GB, 312 TFLOP/s dense FP16, 2.039 TB/s HBM2e",
                 sm_count=108, l2_bytes=40 * 2**20),
     "H100 SXM": GPU("H100 SXM", 989.0, 3.35, "datasheet: H100 SXM, 989 TFLOP/s dense FP16, 3.35 TB/s HBM3",
-                    sm_count=132, l2_bytes=50 * 2**20),
+                    sm_count=132, l2_bytes=50 * 2**20,
+                    l2_lru_fit_bytes=GH100_L2_LRU_FIT_BYTES),
     "H200": GPU("H200", 989.0, 4.8, "datasheet: H200 SXM, 989 TFLOP/s dense FP16, 4.8 TB/s HBM3e",
-                sm_count=132, l2_bytes=50 * 2**20),
+                sm_count=132, l2_bytes=50 * 2**20, l2_lru_fit_bytes=GH100_L2_LRU_FIT_BYTES),
     "B200": GPU("B200", 2250.0, 8.0, "datasheet: HGX B200 (1000 W), 2.25 PFLOP/s dense FP16, 8 TB/s HBM3e"),
 }
 
