@@ -811,7 +811,11 @@ def phase_edge(ctx) -> None:
 NCU_SHAPES = (AttentionShape(batch=4, query_heads=16, kv_heads=16, seqlen_q=4096, seqlen_k=4096,
                              head_dim=128, dtype="bf16", causal=True),
               AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=4096, seqlen_k=4096,
-                             head_dim=256, dtype="bf16", causal=True))
+                             head_dim=256, dtype="bf16", causal=True),
+              # Out of the L2 replay's fit (model/l2.py): head by head, unsplit, where a
+              # strict LRU cache thrashes (~27x the rows predicted).
+              AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=16384,
+                             seqlen_k=16384, head_dim=256, dtype="bf16", causal=True))
 
 def phase_ncu(ctx) -> None:
     """Nsight Compute's DRAM bytes of attnlab's forward and two backward kernels (one
