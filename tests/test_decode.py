@@ -735,7 +735,8 @@ def test_bad_inputs_raise_clear_errors(case, call, error, match):
 
 @pytest.mark.parametrize(("option", "good", "bad"), [
     ("causal", True, 1), ("rotary_interleaved", False, 0), ("return_softmax_lse", True, 1),
-    ("num_splits", 1, True), ("softmax_scale", 1.0, True), ("softcap", 0.0, False)])
+    ("num_splits", 1, True), ("softmax_scale", 1.0, True), ("softcap", 0.0, False),
+    ("window_size", (0, -1), (False, -1))])
 def test_a_kept_plan_never_answers_an_option_of_the_wrong_type(option, good, bad):
     # True == 1 == 1.0 in Python: a call whose option only equals a planned call's must
     # still meet the check that refuses its type, not reuse that call's plan.
@@ -743,6 +744,92 @@ def test_a_kept_plan_never_answers_an_option_of_the_wrong_type(option, good, bad
     attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=3, **{option: good})
     with pytest.raises(TypeError, match=option):
         attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=3, **{option: bad})
+
+
+def test_an_int_where_an_index_tensor_belongs_is_refused_on_every_call():
+    # The plan key admits an int in any slot (cache_seqlens takes one); anywhere else the
+    # plan's checks refuse it, so no plan is ever kept to skip them the second time.
+    q, k_cache, v_cache = _inputs()
+    for _ in range(2):
+        with pytest.raises(TypeError, match="cache_batch_idx"):
+            attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=3,
+                                             cache_batch_idx=1)
+
+
+def _retyped_q(q, k_cache, v_cache, lengths):
+    q.data = q.data.float()  # .data = changes no version counter
+
+
+def _retyped_lengths(q, k_cache, v_cache, lengths):
+    lengths.data = lengths.data.long()
+
+
+def _resized_q(q, k_cache, v_cache, lengths):
+    q.resize_(q.shape[0], q.shape[2], q.shape[3])
+
+
+def _restrided_cache(q, k_cache, v_cache, lengths):
+    # Same sizes and memory, head_dim no longer unit-stride: the kernels cannot update it.
+    k_cache.as_strided_(k_cache.shape, (k_cache.stride(0), k_cache.stride(1), 1,
+                                        k_cache.shape[2]))
+
+
+@runs_kernels
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize(("change", "error", "match", "impls"), [
+    (_retyped_q, TypeError, "k_cache.dtype must equal q.dtype", ("triton", "reference")),
+    (_retyped_lengths, TypeError, "cache_seqlens must have dtype torch.int32",
+     ("triton", "reference")),
+    (_resized_q, ValueError, "q must be 4-D", ("triton", "reference")),
+    (_restrided_cache, ValueError, "unit stride along head_dim", ("triton",)),
+])
+def test_a_tensor_changed_in_place_meets_the_checks_again(impl, change, error, match, impls):
+    # The same tensor objects, changed in place between two calls (.data =, resize_,
+    # as_strided_): the plan key reads every tensor's dtype, sizes, strides, device and
+    # alignment on every call, so the call is a new signature and refused, never answered
+    # by the plan the unchanged objects found (nor by the last plan found, PlanCache.find).
+    if impl not in impls:
+        pytest.skip(f"{impl} accepts this form")
+    q, k_cache, v_cache = _inputs()
+    lengths = torch.tensor([3, 5], dtype=torch.int32)
+    for _ in range(2):  # planned, then found
+        attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, impl=impl)
+    change(q, k_cache, v_cache, lengths)
+    with pytest.raises(error, match=match):
+        attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, impl=impl)
+
+
+@runs_kernels
+def test_a_cache_restrided_in_place_is_read_through_its_new_strides():
+    # as_strided_ keeps the object and its memory; only the strides say where each key
+    # is.  A plan kept for the old strides would read other keys: the result must be the
+    # one a fresh contiguous copy of the restrided cache gives.
+    q = randn(2, 1, 4, 32, seed=20)
+    k_cache, v_cache = randn(2, 64, 2, 32, seed=21), randn(2, 64, 2, 32, seed=22)
+    lengths = torch.tensor([40, 64], dtype=torch.int32)
+
+    def call(k):
+        return attnlab.flash_attn_with_kvcache(q, k, v_cache, cache_seqlens=lengths,
+                                               impl="triton")
+
+    call(k_cache), call(k_cache)
+    # The memory read as (batch, kv_heads, seqlen, d): the same sizes, other keys.
+    k_cache.as_strided_(k_cache.shape, (64 * 2 * 32, 32, 64 * 32, 1))
+    torch.testing.assert_close(call(k_cache), call(k_cache.contiguous()), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("impl", [pytest.param("triton", marks=runs_kernels), "reference"])
+def test_the_last_plan_found_answers_only_its_own_signature(impl):
+    # PlanCache.find compares a key with the last one found before the dict: two
+    # signatures called in turn must each get their own plan (causal or not over 3 queries).
+    q = randn(2, 3, 4, 32, seed=23)
+    k_cache, v_cache = randn(2, 64, 2, 32, seed=24), randn(2, 64, 2, 32, seed=25)
+    lengths = torch.tensor([40, 64], dtype=torch.int32)
+    outs = [attnlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                            causal=causal, impl=impl)
+            for causal in (True, False, True, False)]
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    assert not torch.equal(outs[0], outs[1])
 
 
 # ----- GPU: real sizes, CUDA graphs ----------------------------------------------------------------

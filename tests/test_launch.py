@@ -113,6 +113,20 @@ def test_a_plan_cache_builds_once_per_key_and_keeps_the_newest():
     assert built == ["a", "b", "c"] and list(cache.plans) == [("b",), ("c",)]
 
 
+def test_a_plan_cache_finds_by_the_whole_key_the_last_one_first():
+    cache = PlanCache(size=2)
+    assert cache.find(("a", 1)) is None
+    cache.get(("a", 1), lambda: "A")
+    cache.get(("b", 2), lambda: "B")
+    assert cache.find(("a", 1)) == "A"  # from the dict; now the last one found
+    assert cache.find(("a", 2)) is None  # equal in part only: not the last plan
+    assert cache.find(("b", 2)) == "B"
+    assert cache.find(("a", 1)) == "A"
+    cache.get(("c", 3), lambda: "C")  # over size: ("a", 1) leaves the dict ...
+    assert ("a", 1) not in cache.plans
+    assert cache.find(("a", 1)) == "A"  # ... but its plan still answers its own key
+
+
 def test_the_plan_key_separates_strides_alignment_and_dtype():
     base = torch.zeros(2, 8, 4, 16, dtype=torch.float16)
     assert tensor_key(base) == tensor_key(torch.ones_like(base))

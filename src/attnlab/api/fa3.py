@@ -231,10 +231,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if varlen_q and not isinstance(cu_seqlens_q, torch.Tensor):
         raise TypeError(f"cu_seqlens_q must be a torch.int32 tensor, got "
                         f"{type(cu_seqlens_q).__name__}")
-    batch = cu_seqlens_q.shape[0] - 1 if varlen_q else q.shape[0]
     if page_table is not None and cache_batch_idx is not None:
+        batch = cu_seqlens_q.shape[0] - 1 if varlen_q else q.shape[0]
         page_table = _page_rows(page_table, cache_batch_idx, batch, q.device)
         cache_batch_idx = None
+    if not varlen_q and max_seqlen_q is not None:
+        raise ValueError("max_seqlen_q is read only with cu_seqlens_q (varlen queries); pass "
+                         "None without it")
+    if not varlen_q and cu_seqlens_k_new is None:
+        # One attnlab call, its arguments by position (kvcache._run): a decode step builds
+        # no dict of 17 options to pass on.  The LSE only where asked: unasked, the decode
+        # kernel neither allocates nor writes it.
+        return kvcache._run(
+            (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+             cache_leftpad, page_table, rotary_seqlens, k_descale, v_descale),
+            (softmax_scale, causal, window_size, softcap, rotary_interleaved, None, num_splits,
+             return_softmax_lse, impl), None)
     options = dict(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_seqlens=cache_seqlens,
                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                    block_table=page_table, softmax_scale=softmax_scale, causal=causal,
@@ -242,16 +254,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                    rotary_interleaved=rotary_interleaved, num_splits=num_splits,
                    return_softmax_lse=True, impl=impl, rotary_seqlens=rotary_seqlens,
                    k_descale=k_descale, v_descale=v_descale)
-    if not varlen_q and max_seqlen_q is not None:
-        raise ValueError("max_seqlen_q is read only with cu_seqlens_q (varlen queries); pass "
-                         "None without it")
-    if varlen_q or cu_seqlens_k_new is not None:
-        out, lse = _per_sequence(q, k_cache, v_cache, k, v, cu_seqlens_q, cu_seqlens_k_new,
-                                 max_seqlen_q, options)
-        return (out, lse) if return_softmax_lse else out
-    # The LSE only where asked: unasked, the decode kernel neither allocates nor writes it.
-    options["return_softmax_lse"] = return_softmax_lse
-    return kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **options)
+    out, lse = _per_sequence(q, k_cache, v_cache, k, v, cu_seqlens_q, cu_seqlens_k_new,
+                             max_seqlen_q, options)
+    return (out, lse) if return_softmax_lse else out
 
 
 def _page_rows(page_table, cache_batch_idx, batch: int, device) -> torch.Tensor:

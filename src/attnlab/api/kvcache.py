@@ -331,65 +331,71 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rounded to nearest e4m3, saturated to +-448.  fp8 queries, e5m2 and fnuz caches
     are refused by name.
     """
-    key = _signature(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                     cache_batch_idx, cache_leftpad, block_table, rotary_seqlens,
-                     (softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                      alibi_slopes, num_splits, return_softmax_lse, impl),
-                     k_descale, v_descale)
-    plan = None if key is None else _CALLS.plans.get(key)
+    return _run(
+        (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+         cache_leftpad, block_table, rotary_seqlens, k_descale, v_descale),
+        (softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
+         num_splits, return_softmax_lse, impl), max_seqlen_k)
+
+
+def _run(tensors: tuple, options: tuple, max_seqlen_k):
+    """flash_attn_with_kvcache (and FA3's, attnlab.api.fa3) after its arguments are named:
+    ``tensors`` (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+    cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, k_descale, v_descale) and
+    ``options`` (softmax_scale, causal, window_size, softcap, rotary_interleaved,
+    alibi_slopes, num_splits, return_softmax_lse, impl), two tuples: a decode step passes
+    them on without naming 23 arguments again (bench/decode_host_python.py)."""
+    key = _signature(tensors, options)
+    plan = None if key is None else _CALLS.find(key)
     if plan is None:
-        plan = _plan_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                          cache_batch_idx, cache_leftpad, block_table, rotary_seqlens,
-                          softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                          softcap=softcap, rotary_interleaved=rotary_interleaved,
-                          alibi_slopes=alibi_slopes, num_splits=num_splits,
-                          return_softmax_lse=return_softmax_lse, impl=impl,
-                          descales=(k_descale, v_descale))
+        plan = _plan_call(tensors, options)
         if key is not None:
             _CALLS.get(key, lambda: plan)
     if max_seqlen_k is not None and (type(max_seqlen_k) is not int or max_seqlen_k < 0):
         max_seqlen_k = check_int("max_seqlen_k", max_seqlen_k, minimum=0)
-    return plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, max_seqlen_k,
-                k_descale, v_descale)
+    return plan.run(tensors, max_seqlen_k)
 
 
-class _Uncached(Exception):
-    """An argument whose form the signature does not key (a list, a NumPy scalar, a
-    tensor subclass): that call is validated from scratch and its plan not kept."""
-
-
-def _meta(t):
-    """What a plan depends on in a tensor argument: dtype, sizes, strides, device and
-    16-byte alignment (None for an absent one)."""
-    if t is None:
-        return None
-    if type(t) is not torch.Tensor:
-        raise _Uncached
-    return t.dtype, t.shape, t.stride(), t.device, t.data_ptr() % 16
-
-
-def _signature(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-               cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, options,
-               k_descale, v_descale):
+def _signature(tensors: tuple, options: tuple) -> tuple | None:
     """The key a call's plan is kept under, or None where an argument's form is not
-    keyed (then the call is validated and planned from scratch).  An int cache_seqlens
-    and max_seqlen_k are left out: each call checks its own.  An fp8 cache's descales
-    are keyed by form like the tensors (their values are never read on the host)."""
-    # Set lookups over the types, and absent tensors skipped without a call: this runs
-    # on every decode call (bench/NOTES.md S9: the key was ~19% of its host time).
-    if tuple(map(type, options)) not in _KEYED_OPTION_TYPES or \
-            not _INT.issuperset(map(type, options[2])):
+    keyed (then the call is validated and planned from scratch): the options, whether
+    the two caches share memory where k/v are appended (refused), then per tensor its
+    dtype, sizes, strides, device and 16-byte alignment (None for an absent one).  An
+    int cache_seqlens is keyed by kind only, max_seqlen_k not at all: each call checks
+    its own.  An fp8 cache's descales are keyed by form like the tensors (their values
+    are never read on the host).  No tensor object is remembered: a decode step's q is
+    a new tensor every step, and one object's sizes, strides, dtype and memory can all
+    change in place (resize_, as_strided_, set_, ``.data =``).
+
+    This runs on every decode call (bench/NOTES.md S9, S21): ``type(x)`` written out
+    per option (CPython calls it inline; through ``map`` it costs several times more),
+    one loop, one tuple per tensor."""
+    (softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+     return_softmax_lse, impl) = options
+    if (type(softmax_scale), type(causal), type(window_size), type(softcap),
+            type(rotary_interleaved), type(alibi_slopes), type(num_splits),
+            type(return_softmax_lse), type(impl)) not in _KEYED_OPTION_TYPES:
+        return None
+    # A window of two ints only (a bool is not one); any other is checked from scratch.
+    if len(window_size) != 2 or type(window_size[0]) is not int or \
+            type(window_size[1]) is not int:
         return None
     try:
-        seqlens = "int" if type(cache_seqlens) is int else _meta(cache_seqlens)
-        same_memory = k is not None and k_cache.data_ptr() == v_cache.data_ptr()
-        return (options, seqlens, same_memory,
-                *[None if t is None else _meta(t) for t in (
-                    q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx,
-                    cache_leftpad, block_table, rotary_seqlens, k_descale, v_descale)])
-    except (_Uncached, RuntimeError, AttributeError):  # sparse / nested: no strides
+        key = [options, tensors[3] is not None and tensors[1].data_ptr() == tensors[2].data_ptr()]
+        for t in tensors:
+            if t is None:
+                key.append(None)
+            elif type(t) is _TENSOR:
+                key.append((t.dtype, t.shape, t.stride(), t.device, t.data_ptr() % 16))
+            elif type(t) is int:
+                # cache_seqlens (its value checked per call); an int anywhere else fails
+                # the plan's checks, so no plan is ever kept under such a key.
+                key.append(int)
+            else:  # a list, a NumPy value, a tensor subclass: validated per call
+                return None
+    except (RuntimeError, AttributeError):  # no data_ptr (not a tensor); sparse / nested
         return None
+    return tuple(key)
 
 
 # Per option (in the signature's order), the types a signature keys by value; others
@@ -399,7 +405,7 @@ def _signature(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
 _OPTION_TYPES = (
     (float, int, NoneType),  # softmax_scale
     (bool,),  # causal
-    (tuple,),  # window_size (its two entries: ints, _INT)
+    (tuple,),  # window_size (its two entries: ints)
     (float, int),  # softcap
     (bool,),  # rotary_interleaved
     (NoneType,),  # alibi_slopes (anything else is refused)
@@ -408,18 +414,21 @@ _OPTION_TYPES = (
     (str,),  # impl
 )
 _KEYED_OPTION_TYPES = frozenset(itertools.product(*_OPTION_TYPES))
-_INT = frozenset({int})
+_TENSOR = torch.Tensor
 # Plans by signature (kernels/_launch.PlanCache: the most recent 512).
 _CALLS = PlanCache()
 
 
-def _plan_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-               cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, *, softmax_scale,
-               causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-               return_softmax_lse, impl, descales):
+def _plan_call(tensors: tuple, options: tuple):
     """Every check that a call's signature decides (raising the clear error), and the
-    plan that runs such calls: :class:`_TritonCall` or :class:`_ReferenceCall`."""
+    plan that runs such calls: :class:`_TritonCall` or :class:`_ReferenceCall`
+    (``tensors`` and ``options`` as :func:`_run` takes them)."""
     from attnlab.kernels.dispatch import MAX_SPLITS
+
+    (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+     cache_leftpad, block_table, rotary_seqlens, k_descale, v_descale) = tensors
+    (softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+     return_softmax_lse, impl) = options
 
     _refuse_unsupported(alibi_slopes=alibi_slopes)
     causal = check_bool("causal", causal)
@@ -432,7 +441,7 @@ def _plan_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
     capacity, indices = _check_kvcache_tensors(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table)
-    descales = kvcache_descales(q, k_cache, v_cache, *descales)
+    descales = kvcache_descales(q, k_cache, v_cache, k_descale, v_descale)
     if rotary_seqlens is not None:
         indices["rotary_seqlens"] = _check_per_sequence("rotary_seqlens", rotary_seqlens,
                                                         q.shape[0], q.device)
@@ -527,9 +536,9 @@ class _TritonCall:
                                   indices=kernel_indices[1:4], descales=descales,
                                   write_lse=return_lse, **options)
 
-    def __call__(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                 cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, max_seqlen_k,
-                 k_descale, v_descale):
+    def run(self, tensors: tuple, max_seqlen_k):
+        (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+         cache_leftpad, block_table, rotary_seqlens, k_descale, v_descale) = tensors
         # An fp8 cache's descales go to the kernels as given: the plan keeps the strides
         # of their (batch, kv_heads) views (a view shares its tensor's data pointer).
         descales = (k_descale, v_descale)
@@ -553,10 +562,9 @@ class _TritonCall:
             q = self.append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                             (cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                              rotary_seqlens), cache_seqlen, descales)
-        out, lse = self.decode(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
-                               cache_leftpad, block_table, cache_seqlen=cache_seqlen,
-                               num_splits=self.num_splits, max_seqlen_k=max_seqlen_k,
-                               descales=descales)
+        out, lse = self.decode.run(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
+                                   cache_leftpad, block_table, cache_seqlen, self.num_splits,
+                                   max_seqlen_k, descales)
         _record_impl("triton-decode")
         return (out, lse) if self.return_lse else out
 
@@ -572,9 +580,7 @@ class _ReferenceCall:
         self.rotary_positions, self.rotary_len = rotary_positions, rotary_len
         self.local, self.return_lse, self.options = local, return_lse, options
 
-    def __call__(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                 cache_batch_idx, cache_leftpad, block_table, rotary_seqlens, max_seqlen_k,
-                 k_descale, v_descale):
+    def run(self, tensors: tuple, max_seqlen_k):
         from attnlab.reference.decode import (
             append_to_cache,
             apply_rotary,
@@ -584,6 +590,8 @@ class _ReferenceCall:
         )
         from attnlab.reference.fp8 import per_head, quantize_e4m3
 
+        (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+         cache_leftpad, block_table, rotary_seqlens, k_descale, v_descale) = tensors
         cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_seqlens = (
             t.contiguous() if isinstance(t, torch.Tensor) else t
             for t in (cache_seqlens, cache_batch_idx, cache_leftpad, block_table,

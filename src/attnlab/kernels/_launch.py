@@ -114,26 +114,40 @@ class CompiledLaunch:
         launch does not pad the grid or gather the launcher's fixed arguments again.  A
         launch with another count goes through ``__call__`` (the variadic launcher reads
         as many arguments as it has annotations, whatever it is given)."""
-        c_launch, fixed, launch_metadata = self.c_launch, self.fixed, self.compiled.launch_metadata
-        after_hooks = self.after_hooks if self.variadic else None
+        c_launch, launch_metadata = self.c_launch, self.compiled.launch_metadata
         grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
+        if not self.variadic:
+            fixed = self.fixed
 
-        def launch(final_args) -> None:
+            def launch(final_args) -> None:
+                if len(final_args) != count:
+                    self(grid, final_args)
+                    return
+                stream = _current_stream()
+                enter, exit_ = _hooks()
+                # Our kernels define no launch_metadata function, so Triton's metadata
+                # does not read the arguments: the final ones serve as the bound ones.
+                metadata = launch_metadata(grid, stream, *final_args) if enter else None
+                c_launch(grid_x, grid_y, grid_z, stream, *fixed, metadata, enter, exit_,
+                         *final_args)
+            return launch
+        # Triton 3.7+'s variadic launcher: its fixed arguments named one by one, so the
+        # launch is a plain call (a star-call first builds a list: ~1.5k instructions per
+        # launch, bench/NOTES.md S21).
+        function, cooperative, pdl, packed_metadata = self.fixed
+        global_scratch, profile_scratch, annotations, signature = self.after_hooks
+
+        def launch_variadic(final_args) -> None:
             if len(final_args) != count:
                 self(grid, final_args)
                 return
             stream = _current_stream()
             enter, exit_ = _hooks()
-            # Our kernels define no launch_metadata function, so Triton's metadata does
-            # not read the arguments: the final ones serve as well as the bound ones.
             metadata = launch_metadata(grid, stream, *final_args) if enter else None
-            if after_hooks is None:
-                c_launch(grid_x, grid_y, grid_z, stream, *fixed, metadata, enter, exit_,
-                         *final_args)
-            else:
-                c_launch(grid_x, grid_y, grid_z, stream, *fixed, metadata, enter, exit_,
-                         *after_hooks, final_args)
-        return launch
+            c_launch(grid_x, grid_y, grid_z, stream, function, cooperative, pdl,
+                     packed_metadata, metadata, enter, exit_, global_scratch, profile_scratch,
+                     annotations, signature, final_args)
+        return launch_variadic
 
     def planned(self, grid: tuple[int, ...], count: int):
         """``self(grid, final_args)`` as a function of ``final_args`` alone, for a plan
@@ -154,8 +168,12 @@ def _current_stream() -> int:
 def _hooks() -> tuple:
     """The launch hook chains, or (None, None) while no hook is registered (a profiler
     such as proton registers them): the C launcher then calls neither."""
-    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    if getattr(enter, "calls", True) or getattr(exit_, "calls", True):
+    runtime = knobs.runtime
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+    try:  # read per launch: a HookChain's calls directly (getattr with a default costs more)
+        if enter.calls or exit_.calls:
+            return enter, exit_
+    except AttributeError:  # a hook that is no HookChain: always passed on
         return enter, exit_
     return None, None
 
@@ -305,10 +323,12 @@ class PlannedLaunch:
         # argument assembly (microseconds per launch on the H200's host).
         self.run, self.tail = None, None
 
-    def __call__(self, *tensors) -> None:
+    def launch(self, *tensors) -> None:
+        """Launch with these leading tensors (``plan.launch(...)`` is ``plan(...)``
+        without the ~1k instructions CPython spends finding ``__call__``)."""
         run = self.run
         if run is not None:
-            run((*tensors, *self.tail))
+            run(tensors + self.tail)  # one tuple concatenation (a star-display builds a list)
             return
         args = (*tensors, *self.static)
         if not self.keyed:
@@ -318,6 +338,8 @@ class PlannedLaunch:
         if compiled is not None:
             self.tail = (*self.static, *constexprs)
             self.run = compiled.planned(self.grid, len(tensors) + len(self.tail))
+
+    __call__ = launch
 
 
 class PlanCache:
@@ -329,6 +351,20 @@ class PlanCache:
     def __init__(self, size: int = 512) -> None:
         self.size = size
         self.plans: dict[tuple, object] = {}
+        # The last plan ``find`` found, with its key (one tuple: a thread reads a pair).
+        self.last: tuple = (None, None)
+
+    def find(self, key: tuple):
+        """The plan kept under ``key``, or None.  The last key found is compared first:
+        a decode loop repeats one signature, and one comparison of the key costs about
+        half a dict lookup, which hashes it too (bench/NOTES.md S21)."""
+        last = self.last
+        if key == last[0]:
+            return last[1]
+        plan = self.plans.get(key)
+        if plan is not None:
+            self.last = (key, plan)
+        return plan
 
     def get(self, key: tuple, build):
         plan = self.plans.get(key)
