@@ -86,6 +86,45 @@ def hardware_refusal(capability: tuple[int, int] | None, dtype: torch.dtype) -> 
     return None
 
 
+def backward_refusal(kernel: str, supported_head_dims: tuple[int, ...], *,
+                     capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int,
+                     window: tuple[int, int], softcap: float, layout: str,
+                     aligned: bool) -> str | None:
+    """Why a Gluon backward kernel (``kernel``: "dK/dV", "dQ") must not compute a call,
+    short of its config's shared memory (the kernel's own ``refusal`` asks that), or
+    None."""
+    reason = hardware_refusal(capability, dtype)
+    if reason is not None:
+        return reason
+    if layout_named(layout).is_varlen:
+        return f"layout must be 'bshd' or 'bhsd' (varlen stays on the Triton kernel), got {layout!r}"
+    if head_dim not in supported_head_dims:
+        return f"head_dim must be one of {supported_head_dims}, got {head_dim}"
+    if tuple(window) != (-1, -1):
+        return f"sliding windows are not implemented in the sm_90 {kernel} kernel"
+    if softcap != 0.0:
+        return f"softcap is not implemented in the sm_90 {kernel} kernel"
+    if not aligned:
+        return ("TMA needs a unit-stride head dim, 16-byte aligned base pointers and nonzero "
+                "strides, and non-empty sequences")
+    return None
+
+
+def backward_supports(refusal, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      dout: torch.Tensor, *, layout: str, window: tuple[int, int],
+                      softcap: float, config) -> tuple[bool, str]:
+    """(True, "") if the kernel whose ``refusal`` this is computes the call, else (False,
+    the reason).  ``dout`` must already be what the kernel reads (the caller copies an
+    expanded dO first)."""
+    capability = on_sm90_capability(q) if all(t.is_cuda for t in (k, v, dout)) else None
+    if len({q.dtype, k.dtype, v.dtype, dout.dtype}) != 1:
+        return False, "q, k, v and dout must share one dtype"
+    reason = refusal(capability=capability, dtype=q.dtype, head_dim=q.shape[-1],
+                     window=window, softcap=softcap, layout=layout,
+                     aligned=tma_aligned(q, k, v, dout), config=config)
+    return reason is None, reason or ""
+
+
 def check_producer_regs(producer_regs: int) -> None:
     """setmaxnreg takes multiples of 8; below 24 the producer warp cannot hold its loop."""
     if producer_regs % 8 or not 24 <= producer_regs <= 64:

@@ -62,18 +62,17 @@ from attnlab.kernels._sm90 import (
     ROW_RING_LAYOUT,
     PlannedDescriptor,
     PlannedGluonLaunch,
+    backward_refusal,
+    backward_supports,
     check_producer_regs,
     code_evidence,
     compile_sm90,
     descriptor,
     descriptor_parts,
-    hardware_refusal,
     launch_maxnreg,
-    on_sm90_capability,
     row_slot,
     row_stat_descriptor_parts,
     shared_memory_refusal,
-    tma_aligned,
     tma_load_box,
 )
 
@@ -577,20 +576,11 @@ def refusal(*, capability: tuple[int, int] | None, dtype: torch.dtype,
             head_dim: int, window: tuple[int, int], softcap: float, layout: str,
             aligned: bool, config: Sm90BackwardConfig | None = None) -> str | None:
     """Why this kernel must not compute a call's dK, dV, or None when it may."""
-    reason = hardware_refusal(capability, dtype)
+    reason = backward_refusal("dK/dV", SUPPORTED_HEAD_DIMS, capability=capability,
+                              dtype=dtype, head_dim=head_dim, window=window, softcap=softcap,
+                              layout=layout, aligned=aligned)
     if reason is not None:
         return reason
-    if layout_named(layout).is_varlen:
-        return f"layout must be 'bshd' or 'bhsd' (varlen stays on the Triton kernel), got {layout!r}"
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        return f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}"
-    if tuple(window) != (-1, -1):
-        return "sliding windows are not implemented in the sm_90 dK/dV kernel"
-    if softcap != 0.0:
-        return "softcap is not implemented in the sm_90 dK/dV kernel"
-    if not aligned:
-        return ("TMA needs a unit-stride head dim, 16-byte aligned base pointers and nonzero "
-                "strides, and non-empty sequences")
     config = config or DEFAULT_CONFIGS[head_dim]
     return shared_memory_refusal(config, shared_memory_bytes(head_dim, config), head_dim)
 
@@ -598,16 +588,10 @@ def refusal(*, capability: tuple[int, int] | None, dtype: torch.dtype,
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
              layout: str, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
              config: Sm90BackwardConfig | None = None) -> tuple[bool, str]:
-    """(True, "") if ``launch`` computes this call's dK, dV, else (False, the reason).
-    ``dout`` must already be what the kernel reads (the caller makes an expanded dO
-    contiguous first)."""
-    capability = on_sm90_capability(q) if all(t.is_cuda for t in (k, v, dout)) else None
-    if len({q.dtype, k.dtype, v.dtype, dout.dtype}) != 1:
-        return False, "q, k, v and dout must share one dtype"
-    reason = refusal(capability=capability, dtype=q.dtype, head_dim=q.shape[-1],
-                     window=window, softcap=softcap, layout=layout,
-                     aligned=tma_aligned(q, k, v, dout), config=config)
-    return reason is None, reason or ""
+    """(True, "") if this kernel computes the call's dK, dV, else (False, the reason)
+    (``_sm90.backward_supports``)."""
+    return backward_supports(refusal, q, k, v, dout, layout=layout, window=window,
+                             softcap=softcap, config=config)
 
 
 class PlannedLaunches:
