@@ -328,6 +328,43 @@ def sm90_plan(args) -> list[tuple[int, int, bool]]:
                                   (True, False)))
 
 
+def candidates_accuracy(ctx, path: str, what: str, option: str, candidates: dict
+                        ) -> tuple[int, set[str]]:
+    """A Gluon kernel's candidates against float64 (``accuracy_case``), each forced by
+    ``flash_backward``'s ``option``: per head dim in ``candidates`` ((the default, every
+    candidate)), the full grid for the default, four cases for the others.  Rows
+    ``{what}_accuracy`` into ``path``; returns (failures, names of inaccurate configs).
+    Nothing with ``--sm90-skip-accuracy``."""
+    started, failures, count, inaccurate = time.time(), 0, 0, set()
+    heads = [(4, 4), (6, 2), (4, 1)]
+    for head_dim, (default, configs) in candidates.items():
+        if ctx.args.sm90_skip_accuracy:
+            break
+        for config in configs:
+            cases = list(itertools.product(SM90_ACCURACY_PAIRS, (False, True)))
+            cases = cases if config == default else cases[3::4]
+            for i, ((seqlen_q, seqlen_k), causal) in enumerate(cases):
+                hq, hk = heads[i % 3]
+                dtype = "bf16" if i % 2 else "fp16"
+                row = {"what": f"{what}_accuracy", "config": config.name(),
+                       "head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
+                       "heads": hq, "kv_heads": hk, "causal": causal, "dtype": dtype, **ctx.env}
+                passed = accuracy_case(
+                    row, (2, hq, hk, seqlen_q, seqlen_k, head_dim, DTYPES[dtype]),
+                    head_dim + seqlen_q + i, {"causal": causal, option: config}, {})
+                count += 1
+                failures += not passed
+                ctx.append_row(path, row)
+                if not passed:
+                    inaccurate.add(config.name())
+                    print(f"FAIL {what} {config.name()} d={head_dim} {seqlen_q}x{seqlen_k} "
+                          f"h={hq}/{hk} causal={causal} {dtype}: "
+                          f"{row.get('errors', row.get('error'))}", flush=True)
+    print(f"{what} accuracy: {count - failures}/{count} passed "
+          f"({time.time() - started:.0f} s)", flush=True)
+    return failures, inaccurate
+
+
 def phase_sm90(ctx) -> None:
     """The Gluon sm_90 dK/dV kernel's candidates: accuracy, then timed against the Triton one.
 
@@ -340,32 +377,9 @@ def phase_sm90(ctx) -> None:
 
     env, path = ctx.env, "sm90_backward_sweep.jsonl"
     head_dims = parse_ints(ctx.args.sm90_heads, "--sm90-heads", allowed=SM90_CANDIDATES)
-    started, failures, count, inaccurate = time.time(), 0, 0, set()
-    heads = [(4, 4), (6, 2), (4, 1)]
-    for head_dim in head_dims if not ctx.args.sm90_skip_accuracy else ():
-        for config in sm90_candidates(head_dim):
-            is_default = config == sm90.DEFAULT_CONFIGS[head_dim]
-            cases = list(itertools.product(SM90_ACCURACY_PAIRS, (False, True)))
-            cases = cases if is_default else cases[3::4]
-            for i, ((seqlen_q, seqlen_k), causal) in enumerate(cases):
-                hq, hk = heads[i % 3]
-                dtype = "bf16" if i % 2 else "fp16"
-                row = {"what": "sm90_backward_accuracy", "config": config.name(),
-                       "head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
-                       "heads": hq, "kv_heads": hk, "causal": causal, "dtype": dtype, **env}
-                passed = accuracy_case(
-                    row, (2, hq, hk, seqlen_q, seqlen_k, head_dim, DTYPES[dtype]),
-                    head_dim + seqlen_q + i, {"causal": causal, "dkdv_sm90": config}, {})
-                count += 1
-                failures += not passed
-                ctx.append_row(path, row)
-                if not passed:
-                    inaccurate.add(config.name())
-                    print(f"FAIL sm90 {config.name()} d={head_dim} {seqlen_q}x{seqlen_k} "
-                          f"h={hq}/{hk} causal={causal} {dtype}: "
-                          f"{row.get('errors', row.get('error'))}", flush=True)
-    print(f"sm90 accuracy: {count - failures}/{count} passed ({time.time() - started:.0f} s)",
-          flush=True)
+    failures, inaccurate = candidates_accuracy(
+        ctx, path, "sm90_backward", "dkdv_sm90",
+        {d: (sm90.DEFAULT_CONFIGS[d], sm90_candidates(d)) for d in head_dims})
 
     entries, lines, measured = [], [], set()
     for seqlen, head_dim, causal in ctx.within_budget(ctx.plan):
@@ -444,32 +458,9 @@ def phase_dq(ctx) -> None:
     from attnlab.kernels import dq_sm90
 
     env, path = ctx.env, "sm90_dq_sweep.jsonl"
-    started, failures, count, inaccurate = time.time(), 0, 0, set()
-    heads = [(4, 4), (6, 2), (4, 1)]
-    for head_dim in dq_sm90.CANDIDATES if not ctx.args.sm90_skip_accuracy else ():
-        for config in dq_sm90.CANDIDATES[head_dim]:
-            is_default = config == dq_sm90.DEFAULT_CONFIGS[head_dim]
-            cases = list(itertools.product(SM90_ACCURACY_PAIRS, (False, True)))
-            cases = cases if is_default else cases[3::4]
-            for i, ((seqlen_q, seqlen_k), causal) in enumerate(cases):
-                hq, hk = heads[i % 3]
-                dtype = "bf16" if i % 2 else "fp16"
-                row = {"what": "sm90_dq_accuracy", "config": config.name(),
-                       "head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
-                       "heads": hq, "kv_heads": hk, "causal": causal, "dtype": dtype, **env}
-                passed = accuracy_case(
-                    row, (2, hq, hk, seqlen_q, seqlen_k, head_dim, DTYPES[dtype]),
-                    head_dim + seqlen_q + i, {"causal": causal, "dq_sm90": config}, {})
-                count += 1
-                failures += not passed
-                ctx.append_row(path, row)
-                if not passed:
-                    inaccurate.add(config.name())
-                    print(f"FAIL dq {config.name()} d={head_dim} {seqlen_q}x{seqlen_k} "
-                          f"h={hq}/{hk} causal={causal} {dtype}: "
-                          f"{row.get('errors', row.get('error'))}", flush=True)
-    print(f"dq accuracy: {count - failures}/{count} passed ({time.time() - started:.0f} s)",
-          flush=True)
+    failures, inaccurate = candidates_accuracy(
+        ctx, path, "sm90_dq", "dq_sm90",
+        {d: (dq_sm90.DEFAULT_CONFIGS[d], dq_sm90.CANDIDATES[d]) for d in dq_sm90.CANDIDATES})
 
     entries, lines, measured = [], [], set()
     for shape in ctx.within_budget(ctx.plan):
