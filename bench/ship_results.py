@@ -30,8 +30,6 @@ SHIPPED = [
     ("ncu/prefill_sm90/causal/ncu_kernels.csv", NCU_PAGE_METRICS),
     ("ncu/prefill_sm90/nc/ncu_kernels.csv", NCU_PAGE_METRICS),
     ("ncu/backward/ncu_kernels.csv", NCU_PAGE_METRICS),
-    # The seed's layer at 16k: its dK/dV launches re-reading their rows (bench/NOTES.md B25).
-    ("runs/2026-12-07-s18-run5/ncu/ncu_backward/ncu_kernels.csv", NCU_PAGE_METRICS),
 ]
 
 if __name__ == "__main__":
