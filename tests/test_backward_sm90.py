@@ -19,16 +19,18 @@ import torch
 
 from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.accuracy import check_gradients
+from attnlab.kernels import backward_sm90, dq_sm90
 from attnlab.kernels._primitives import kernel_is_interpreted
 from attnlab.kernels._sm90 import SHARED_MEMORY_LIMIT
 from attnlab.kernels.backward_sm90 import (
     DEFAULT_CONFIGS,
     Sm90BackwardConfig,
     refusal,
-    supports,
 )
 from sm90_marks import built_here, sm90
 
+# Both Gluon backward kernels refuse through _sm90.backward_refusal / backward_supports.
+GLUON_BACKWARD_KERNELS = [backward_sm90, dq_sm90]
 ALLOWED = dict(capability=(9, 0), dtype=torch.bfloat16, head_dim=128, window=(-1, -1),
                softcap=0.0, layout="bshd", aligned=True)
 
@@ -50,14 +52,16 @@ def test_the_covered_call_is_accepted():
     ({"layout": "thd"}, "varlen"),
     ({"aligned": False}, "16-byte"),
 ])
-def test_refusals_name_their_reason(change, words):
-    reason = refusal(**{**ALLOWED, **change})
+@pytest.mark.parametrize("kernel", GLUON_BACKWARD_KERNELS)
+def test_refusals_name_their_reason(kernel, change, words):
+    reason = kernel.refusal(**{**ALLOWED, **change})
     assert reason is not None and words in reason
 
 
-def test_supports_refuses_cpu_tensors_without_raising():
+@pytest.mark.parametrize("kernel", GLUON_BACKWARD_KERNELS)
+def test_supports_refuses_cpu_tensors_without_raising(kernel):
     q = torch.randn(1, 16, 2, 128, dtype=torch.bfloat16)
-    ok, reason = supports(q, q, q, q, layout="bshd")
+    ok, reason = kernel.supports(q, q, q, q, layout="bshd")
     assert not ok and "sm_90" in reason
 
 

@@ -19,7 +19,7 @@ from attention_inputs import make_qkv as shared_make_qkv
 from attnlab.accuracy import check_gradients
 from attnlab.kernels._sm90 import SHARED_MEMORY_LIMIT
 from attnlab.kernels.configs import backward_config
-from attnlab.kernels.dq_sm90 import DEFAULT_CONFIGS, Sm90DqConfig, refusal, supports
+from attnlab.kernels.dq_sm90 import DEFAULT_CONFIGS, Sm90DqConfig, refusal
 from attnlab.shapes import AttentionShape
 from sm90_marks import built_here, sm90
 from test_backward_sm90 import assert_spills_within
@@ -28,38 +28,17 @@ ALLOWED = dict(capability=(9, 0), dtype=torch.bfloat16, head_dim=128, window=(-1
                softcap=0.0, layout="bshd", aligned=True)
 
 
-# ----- refusals (CPU) ---------------------------------------------------------------------
+# ----- refusals (CPU; the reasons both Gluon backward kernels share: test_backward_sm90) ---
 
 def test_the_covered_call_is_accepted():
     for head_dim in (64, 128, 256):
         assert refusal(**{**ALLOWED, "head_dim": head_dim}) is None
 
 
-@pytest.mark.parametrize(("change", "words"), [
-    ({"capability": None}, "sm_90"),
-    ({"capability": (8, 0)}, "sm_80"),
-    ({"dtype": torch.float32}, "dtype"),
-    ({"head_dim": 96}, "head_dim"),
-    ({"window": (19, 7)}, "window"),
-    ({"softcap": 30.0}, "softcap"),
-    ({"layout": "thd"}, "varlen"),
-    ({"aligned": False}, "16-byte"),
-])
-def test_refusals_name_their_reason(change, words):
-    reason = refusal(**{**ALLOWED, **change})
-    assert reason is not None and words in reason
-
-
 def test_a_key_ring_past_shared_memory_is_refused():
     # Q and dO of a 128-row block take 128 KiB at d = 256: 64-key tiles do not fit twice.
     reason = refusal(**{**ALLOWED, "head_dim": 256}, config=Sm90DqConfig(64, 2))
     assert reason is not None and "shared memory" in reason
-
-
-def test_supports_refuses_cpu_tensors_without_raising():
-    q = torch.randn(1, 16, 2, 128, dtype=torch.bfloat16)
-    ok, reason = supports(q, q, q, q, layout="bshd")
-    assert not ok and "sm_90" in reason
 
 
 def test_asking_for_it_where_it_cannot_run_is_a_value_error():
@@ -188,19 +167,15 @@ def test_gpu_every_candidate_and_an_expanded_dout(head_dim):
 
 
 def float64_gradients_with_lse(q, k, v, dout, dlse, *, causal):
-    """dQ, dK, dV of sum(O dO) + sum(LSE dLSE) in float64 (bshd, GQA by repetition)."""
-    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
-    group = q.shape[2] // k.shape[2]
-    keys, values = (t.repeat_interleave(group, dim=2) for t in (k, v))
-    s = torch.einsum("bqhd,bkhd->bhqk", q, keys) / math.sqrt(q.shape[-1])
-    if causal:
-        rows, cols = s.shape[-2:]
-        hidden = torch.ones(rows, cols, dtype=torch.bool, device=s.device).triu(cols - rows + 1)
-        s = s.masked_fill(hidden, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), values)
-    ((out * dout.double()).sum() + (lse * dlse.double()).sum()).backward()
-    return q.grad, k.grad, v.grad
+    """dQ, dK, dV of sum(O dO) + sum(LSE dLSE) in float64, through the reference (bshd in
+    and out), as tests/test_backward.py's LSE test does."""
+    from attnlab.reference import naive
+
+    leaves = [t.detach().transpose(1, 2).double().requires_grad_() for t in (q, k, v)]
+    out, scores, _ = naive(*leaves, causal=causal, return_scores=True)
+    loss = (out * dout.transpose(1, 2).double()).sum() \
+        + (torch.logsumexp(scores, -1) * dlse.double()).sum()
+    return tuple(g.transpose(1, 2) for g in torch.autograd.grad(loss, leaves))
 
 
 @pytest.mark.gpu

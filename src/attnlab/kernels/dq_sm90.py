@@ -72,6 +72,7 @@ CONSUMER_REGS = 240
 MAXNREG = launch_maxnreg(2 * CONSUMER_WARPS)
 _BLOCK_M = gl.constexpr(BLOCK_M)  # the same, readable inside the kernel
 _ROWS = gl.constexpr(ROWS)
+_LOG2E = gl.constexpr(LOG2E)
 
 
 @gluon.jit
@@ -173,7 +174,7 @@ def _row_stats(O, LSE, DLSE, DELTA, LSE_LOG2, do_wg, off_b, off_h, offs_m, seqle
         delta -= gl.load(DLSE + stat, mask=in_range, other=0.0)
     lse = gl.load(LSE + stat, mask=in_range, other=0.0)
     # A row that sees no key has LSE = -inf; +inf in its place makes P exactly 0.
-    lse_log2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    lse_log2 = gl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
     out = off_b.to(gl.int64) * stride_deltab + off_h.to(gl.int64) * stride_deltah + offs_m
     gl.store(DELTA + out, delta, mask=in_range)
     if WRITE_LSE_LOG2:
