@@ -365,6 +365,64 @@ def candidates_accuracy(ctx, path: str, what: str, option: str, candidates: dict
     return failures, inaccurate
 
 
+def time_candidates(ctx, path: str, what: str, shape: AttentionShape, candidates,
+                    option: str, baseline_config) -> dict[str, float]:
+    """The backward's median ms at ``shape`` with the Triton kernel (``"triton"``, tiles
+    ``baseline_config``; None: the committed tables) and with each Gluon candidate forced
+    by ``flash_backward``'s ``option``; rows ``{what}_time`` into ``path`` (a candidate
+    that cannot run is a row with its error)."""
+    backward_flops = 2.5 * conventional_attention_flops(shape)
+    q, k, v, dout = make_inputs(shape.batch, shape.query_heads, shape.kv_heads, shape.seqlen_q,
+                                shape.seqlen_k, shape.head_dim, torch.bfloat16)
+    out, lse = flash_forward(q, k, v, layout="bshd", scale=shape.head_dim ** -0.5,
+                             causal=shape.causal)
+    timed = {"triton": time_backward(q, k, v, dout, out, lse, baseline_config, shape.causal)}
+    for config in candidates:
+        try:
+            timed[config.name()] = time_backward(q, k, v, dout, out, lse, None, shape.causal,
+                                                 **{option: config})
+        except Exception as error:  # noqa: BLE001 - a config that cannot run is data
+            ctx.append_row(path, {"what": f"{what}_time", "config": config.name(),
+                                  "shape": shape.as_dict(), "error": str(error)[:300],
+                                  **ctx.env})
+    for name, ms in timed.items():
+        ctx.append_row(path, {"what": f"{what}_time", "config": name, "shape": shape.as_dict(),
+                              "p50_ms": ms, "tflops": backward_flops / ms / 1e9,
+                              "vs_triton": timed["triton"] / ms, **ctx.env})
+    return timed
+
+
+def record_winner(shape: AttentionShape, timed: dict[str, float], config_type,
+                  entries: list, measured: set) -> str:
+    """Note ``shape``'s bucket as measured and, where the best candidate is >= 2% faster
+    than the Triton kernel, its dispatch-table entry; returns the printed line."""
+    best = min((ms, name) for name, ms in timed.items() if name != "triton")
+    gain = timed["triton"] / best[0]
+    bucket = (shape.head_dim, shape.causal, length_bucket(max(shape.seqlen_q, shape.seqlen_k)))
+    measured.add(bucket)
+    if gain >= 1.02:
+        entries.append({"head_dim": shape.head_dim, "causal": shape.causal, "bucket": bucket[2],
+                        "config": dataclasses.asdict(config_type.from_name(best[1])),
+                        "sm90_vs_triton": round(gain, 4)})
+    line = (f"{shape.describe()}: backward with the Triton kernel {timed['triton']:.3f} ms, "
+            f"best {best[1]} {best[0]:.3f} ms (x{gain:.2f}); "
+            + ", ".join(f"{n} {ms:.3f}" for n, ms in timed.items()))
+    print(line, flush=True)
+    return line
+
+
+def write_table(ctx, filename: str, config_type, entries: list, measured: set,
+                inaccurate: set) -> None:
+    """The dispatch-table candidate ``filename``: the committed table updated for this
+    run's Triton and the buckets it timed only (``_sm90.merged_table``: other releases'
+    entries and untimed buckets stay), without configs that failed accuracy."""
+    entries = [e for e in entries if config_type(**e["config"]).name() not in inaccurate]
+    committed = json.loads(importlib.resources.files("attnlab.kernels").joinpath(filename)
+                           .read_text())
+    table = merged_table(committed, entries, measured, ctx.env)
+    ctx.path(filename).write_text(json.dumps(table, indent=1), encoding="utf-8")
+
+
 def phase_sm90(ctx) -> None:
     """The Gluon sm_90 dK/dV kernel's candidates: accuracy, then timed against the Triton one.
 
@@ -375,57 +433,23 @@ def phase_sm90(ctx) -> None:
     sm90_backward_dispatch.json (buckets where a candidate is >= 2% faster)."""
     from attnlab.kernels import backward_sm90 as sm90
 
-    env, path = ctx.env, "sm90_backward_sweep.jsonl"
+    path = "sm90_backward_sweep.jsonl"
     head_dims = parse_ints(ctx.args.sm90_heads, "--sm90-heads", allowed=SM90_CANDIDATES)
     failures, inaccurate = candidates_accuracy(
         ctx, path, "sm90_backward", "dkdv_sm90",
         {d: (sm90.DEFAULT_CONFIGS[d], sm90_candidates(d)) for d in head_dims})
 
-    entries, lines, measured = [], [], set()
+    lines, entries, measured = [], [], set()
     for seqlen, head_dim, causal in ctx.within_budget(ctx.plan):
-        batch = max(1, 16384 // seqlen)
-        shape = AttentionShape(batch=batch, query_heads=16, kv_heads=16, seqlen_q=seqlen,
-                               seqlen_k=seqlen, head_dim=head_dim, dtype="bf16", causal=causal)
-        backward_flops = 2.5 * conventional_attention_flops(shape)
-        q, k, v, dout = make_inputs(batch, 16, 16, seqlen, seqlen, head_dim, torch.bfloat16)
-        out, lse = flash_forward(q, k, v, layout="bshd", scale=1.0 / math.sqrt(head_dim),
-                                 causal=causal)
-        base = backward_config(shape)
-        timed = {"triton": time_backward(q, k, v, dout, out, lse, base, causal)}
-        for config in sm90_candidates(head_dim):
-            try:
-                timed[config.name()] = time_backward(q, k, v, dout, out, lse, None, causal,
-                                                     dkdv_sm90=config)
-            except Exception as error:  # noqa: BLE001 - a config that cannot run is data
-                ctx.append_row(path, {"what": "sm90_backward_time", "config": config.name(),
-                                "shape": shape.as_dict(), "error": str(error)[:300], **env})
-        for name, ms in timed.items():
-            ctx.append_row(path, {"what": "sm90_backward_time", "config": name,
-                            "shape": shape.as_dict(), "p50_ms": ms,
-                            "tflops": backward_flops / ms / 1e9,
-                            "vs_triton": timed["triton"] / ms, **env})
-        best = min((ms, name) for name, ms in timed.items() if name != "triton")
-        gain = timed["triton"] / best[0]
-        lines.append(f"d={head_dim} causal={causal} N={seqlen}: triton "
-                     f"{backward_flops / timed['triton'] / 1e9:.0f}, best {best[1]} "
-                     f"{backward_flops / best[0] / 1e9:.0f} TFLOP/s (x{gain:.2f})")
-        print(lines[-1], flush=True)
-        measured.add((head_dim, causal, length_bucket(seqlen)))
-        if gain >= 1.02:
-            config = sm90.Sm90BackwardConfig.from_name(best[1])
-            entries.append({"head_dim": head_dim, "causal": causal,
-                            "bucket": length_bucket(seqlen),
-                            "config": dataclasses.asdict(config),
-                            "sm90_vs_triton": round(gain, 4)})
-    entries = [e for e in entries
-               if sm90.Sm90BackwardConfig(**e["config"]).name() not in inaccurate]
-    # The committed table updated for this run's Triton and the buckets it timed only
-    # (kernels/_sm90.merged_table): other releases' entries and untimed buckets stay.
-    committed = json.loads(importlib.resources.files("attnlab.kernels")
-                           .joinpath("sm90_backward_dispatch.json").read_text())
-    table = merged_table(committed, entries, measured, env)
-    ctx.path("sm90_backward_dispatch.json").write_text(json.dumps(table, indent=1),
-                                                       encoding="utf-8")
+        shape = AttentionShape(batch=max(1, 16384 // seqlen), query_heads=16, kv_heads=16,
+                               seqlen_q=seqlen, seqlen_k=seqlen, head_dim=head_dim,
+                               dtype="bf16", causal=causal)
+        # The Triton baseline with its explicit tiles: the same dQ kernel for every candidate.
+        timed = time_candidates(ctx, path, "sm90_backward", shape, sm90_candidates(head_dim),
+                                "dkdv_sm90", backward_config(shape))
+        lines.append(record_winner(shape, timed, sm90.Sm90BackwardConfig, entries, measured))
+    write_table(ctx, "sm90_backward_dispatch.json", sm90.Sm90BackwardConfig, entries,
+                measured, inaccurate)
     print("\n".join(lines))
     ctx.fail(failures)
 
@@ -457,52 +481,18 @@ def phase_dq(ctx) -> None:
     (buckets where a candidate is >= 2% faster)."""
     from attnlab.kernels import dq_sm90
 
-    env, path = ctx.env, "sm90_dq_sweep.jsonl"
+    path = "sm90_dq_sweep.jsonl"
     failures, inaccurate = candidates_accuracy(
         ctx, path, "sm90_dq", "dq_sm90",
         {d: (dq_sm90.DEFAULT_CONFIGS[d], dq_sm90.CANDIDATES[d]) for d in dq_sm90.CANDIDATES})
 
-    entries, lines, measured = [], [], set()
+    lines, entries, measured = [], [], set()
     for shape in ctx.within_budget(ctx.plan):
-        backward_flops = 2.5 * conventional_attention_flops(shape)
-        q, k, v, dout = make_inputs(shape.batch, shape.query_heads, shape.kv_heads,
-                                    shape.seqlen_q, shape.seqlen_k, shape.head_dim,
-                                    torch.bfloat16)
-        out, lse = flash_forward(q, k, v, layout="bshd", scale=shape.head_dim ** -0.5,
-                                 causal=shape.causal)
-        timed = {"triton": time_backward(q, k, v, dout, out, lse, None, shape.causal)}
-        for config in dq_sm90.CANDIDATES[shape.head_dim]:
-            try:
-                timed[config.name()] = time_backward(q, k, v, dout, out, lse, None,
-                                                     shape.causal, dq_sm90=config)
-            except Exception as error:  # noqa: BLE001 - a config that cannot run is data
-                ctx.append_row(path, {"what": "sm90_dq_time", "config": config.name(),
-                                      "shape": shape.as_dict(), "error": str(error)[:300],
-                                      **env})
-        for name, ms in timed.items():
-            ctx.append_row(path, {"what": "sm90_dq_time", "config": name,
-                                  "shape": shape.as_dict(), "p50_ms": ms,
-                                  "tflops": backward_flops / ms / 1e9,
-                                  "vs_triton": timed["triton"] / ms, **env})
-        best = min((ms, name) for name, ms in timed.items() if name != "triton")
-        gain = timed["triton"] / best[0]
-        lines.append(f"{shape.describe()}: backward with Triton dQ {timed['triton']:.3f} ms, "
-                     f"best {best[1]} {best[0]:.3f} ms (x{gain:.2f}); "
-                     + ", ".join(f"{n} {ms:.3f}" for n, ms in timed.items()))
-        print(lines[-1], flush=True)
-        bucket = (shape.head_dim, shape.causal, length_bucket(shape.seqlen_q))
-        measured.add(bucket)
-        if gain >= 1.02:
-            entries.append({"head_dim": shape.head_dim, "causal": shape.causal,
-                            "bucket": bucket[2],
-                            "config": dataclasses.asdict(dq_sm90.Sm90DqConfig.from_name(best[1])),
-                            "sm90_vs_triton": round(gain, 4)})
-    entries = [e for e in entries
-               if dq_sm90.Sm90DqConfig(**e["config"]).name() not in inaccurate]
-    committed = json.loads(importlib.resources.files("attnlab.kernels")
-                           .joinpath("sm90_dq_dispatch.json").read_text())
-    table = merged_table(committed, entries, measured, env)
-    ctx.path("sm90_dq_dispatch.json").write_text(json.dumps(table, indent=1), encoding="utf-8")
+        timed = time_candidates(ctx, path, "sm90_dq", shape, dq_sm90.CANDIDATES[shape.head_dim],
+                                "dq_sm90", None)
+        lines.append(record_winner(shape, timed, dq_sm90.Sm90DqConfig, entries, measured))
+    write_table(ctx, "sm90_dq_dispatch.json", dq_sm90.Sm90DqConfig, entries, measured,
+                inaccurate)
     print("\n".join(lines))
     ctx.fail(failures)
 
