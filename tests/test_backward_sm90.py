@@ -84,6 +84,7 @@ def test_configs_outside_the_compiled_space_are_rejected(fields):
 
 
 @pytest.mark.parametrize("config", [Sm90BackwardConfig(32, 3), Sm90BackwardConfig(128, 2, 32),
+                                    Sm90BackwardConfig(64, 2, fuse_dq=True),
                                     Sm90BackwardConfig(32, 2, 24, 64, 2)])
 def test_config_names_round_trip(config):
     assert Sm90BackwardConfig.from_name(config.name()) == config
@@ -556,3 +557,123 @@ def test_gpu_direct_gluon_launches_equal_tritons_own_path(monkeypatch, head_dim)
     checks = check_gradients(direct[2:], q, k, v, dout, layout="bshd", scale=head_dim ** -0.5,
                              causal=True)
     assert all(c.passed for c in checks), checks
+
+
+# ----- the fused-dQ variant (Triton 3.8+: TMA reduce-add) ----------------------------------
+
+FUSED = {64: Sm90BackwardConfig(64, 2, fuse_dq=True), 128: Sm90BackwardConfig(64, 2, fuse_dq=True)}
+
+
+def _reduce_add_refusal():
+    from attnlab.kernels._compat import tma_atomic_add_refusal
+
+    return tma_atomic_add_refusal()
+
+
+fused_built_here = pytest.mark.skipif(_reduce_add_refusal() is not None,
+                                      reason=f"no fused dQ here: {_reduce_add_refusal()}")
+
+
+def test_a_fused_config_is_refused_where_it_cannot_run(monkeypatch):
+    from attnlab.kernels import _compat
+
+    assert "dK and dV in one launch" in refusal(
+        **{**ALLOWED, "head_dim": 256}, config=Sm90BackwardConfig(32, 2, fuse_dq=True))
+    no_reduce = _compat.GluonApi(tma_load="async_load", reinterpret="reinterpret")
+    monkeypatch.setattr(_compat, "gluon_api", lambda: no_reduce)
+    assert "async_atomic_add" in refusal(**ALLOWED, config=FUSED[128])
+
+
+def test_the_reduce_add_probe_reads_the_parameters():
+    from attnlab.kernels._compat import tma_atomic_add_name
+
+    class WithIt:
+        @staticmethod
+        def async_atomic_add(tensor_desc, coord, src, _semantic=None):
+            pass
+
+    class Renamed:
+        @staticmethod
+        def async_atomic_add(desc, offsets, smem):
+            pass
+
+    assert tma_atomic_add_name(WithIt) == "async_atomic_add"
+    assert tma_atomic_add_name(Renamed) is None
+    assert tma_atomic_add_name(object()) is None
+
+
+@built_here
+@fused_built_here
+def test_the_fused_kernel_compiles_with_its_shared_memory_bound(json_from_fresh_python):
+    compiled = json_from_fresh_python(
+        "import json; from attnlab.kernels.backward_sm90 import *; out = []\n"
+        "for d, causal in ((128, False), (128, True), (64, True)):\n"
+        "    c = Sm90BackwardConfig(64, 2, fuse_dq=True)\n"
+        "    k = compile_for_sm90(d, c, causal=causal)\n"
+        "    out.append({**sass_evidence(k.asm), 'shared': k.metadata.shared,\n"
+        "                'estimate': shared_memory_bytes(d, c)})\n"
+        "print(json.dumps(out))")
+    for evidence in compiled:
+        assert 0 <= evidence["estimate"] - evidence["shared"] <= 1024
+        assert evidence["barrier_threads"] == [128]
+        # Per tile: S^T, dP^T, dV, dK, and dS K in 64-column parts.
+        assert evidence.get("hgmma", 1) > 0
+
+
+def fused_gradients(q, k, v, dout, *, layout, causal, config, deterministic=False):
+    from attnlab.kernels.backward import flash_backward
+    from attnlab.kernels.forward import flash_forward
+
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = flash_forward(q, k, v, layout=layout, scale=scale, causal=causal)
+    return flash_backward(dout, q, k, v, out, lse, layout=layout, scale=scale, causal=causal,
+                          dkdv_sm90=config, deterministic=deterministic)
+
+
+@pytest.mark.gpu
+@sm90
+@fused_built_here
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_fused_gradient_grid(dtype, head_dim, causal):
+    for i, ((seqlen_q, seqlen_k), heads) in enumerate(itertools.product(SEQLEN_PAIRS, HEADS)):
+        layout = ("bshd", "bhsd")[i % 2]
+        q, k, v = make_qkv(2, *heads, seqlen_q, seqlen_k, head_dim, dtype, layout=layout, seed=i)
+        dout = torch.randn_like(q)
+        grads = fused_gradients(q, k, v, dout, layout=layout, causal=causal,
+                                config=FUSED[head_dim])
+        checks = check_gradients(grads, q, k, v, dout, layout=layout,
+                                 scale=1.0 / math.sqrt(head_dim), causal=causal)
+        assert all(c.passed for c in checks), (seqlen_q, seqlen_k, heads, layout, checks)
+
+
+@pytest.mark.gpu
+@sm90
+@fused_built_here
+@pytest.mark.parametrize("block_major", [False, True])
+def test_gpu_fused_split_schedule_and_expanded_dout(monkeypatch, block_major):
+    # dK and dV stay register sums (bit-identical run to run, split or not); dQ's atomic
+    # sums may differ in the last bits but never beyond the gradient rule.
+    from attnlab.kernels.dispatch import BackwardSchedule
+
+    force_schedule(monkeypatch, BackwardSchedule(block_major, 2))
+    q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, torch.bfloat16, layout="bshd", seed=5)
+    dout = torch.randn_like(q[:1]).expand_as(q)
+    first = fused_gradients(q, k, v, dout, layout="bshd", causal=True, config=FUSED[128])
+    for _ in range(5):
+        again = fused_gradients(q, k, v, dout, layout="bshd", causal=True, config=FUSED[128])
+        assert torch.equal(first[1], again[1]) and torch.equal(first[2], again[2])
+    checks = check_gradients(first, q, k, v, dout, layout="bshd", scale=128 ** -0.5,
+                             causal=True)
+    assert all(c.passed for c in checks), checks
+
+
+@pytest.mark.gpu
+@sm90
+@fused_built_here
+def test_gpu_fused_is_refused_for_deterministic_calls():
+    q, k, v = make_qkv(1, 2, 2, 128, 128, 128, torch.bfloat16, layout="bshd", seed=1)
+    with pytest.raises(ValueError, match="deterministic=True"):
+        fused_gradients(q, k, v, torch.randn_like(q), layout="bshd", causal=False,
+                        config=FUSED[128], deterministic=True)
