@@ -135,6 +135,9 @@ def test_the_dq_kernel_writes_lse_and_d_for_the_gluon_kernel(monkeypatch, layout
             grad.zero_()
 
     monkeypatch.setattr(backward, "_PLANS", backward.PlanCache())
+    # A kernel compiled before (this call's first backward, or another test's) would be
+    # launched directly, past the replaced launch_cached.
+    monkeypatch.setattr(backward_sm90, "_COMPILED", {})
     monkeypatch.setattr(backward.dispatch, "dkdv_config", lambda *a, **kw: (config, False, a[3]))
     monkeypatch.setattr(sm90_host, "launch_cached", keep_descriptors)
     dq, _, _ = backward.flash_backward(dout, q, k, v, out, lse, **options)
