@@ -514,8 +514,8 @@ def phase_dq(ctx) -> None:
 
 # ---------------------------------------------------------------------------
 # The fused-dQ dK/dV kernel (Triton 3.8+): its candidates per head dim, timed at the
-# fwd+bwd table's d = 64 and 128 shapes.
-FUSED_CANDIDATES = {128: [(64, 2)], 64: [(64, 2), (128, 2)]}
+# fwd+bwd table's d = 128 shapes.
+FUSED_CANDIDATES = {128: [(64, 2)]}
 
 
 def fused_candidates(head_dim: int) -> list:

@@ -44,6 +44,8 @@ class GluonApi:
     reinterpret: str  # shared_memory_descriptor's method: reinterpret or _reinterpret
     # hopper.tma's shared -> global reduce-add (3.8+: async_atomic_add), or None
     tma_atomic_add: str | None = None
+    # gl's barrier over a partition's warps: barrier (3.7+) or thread_barrier
+    barrier: str = "barrier"
 
 
 def first_name(owner, names: tuple[str, ...]) -> str | None:
@@ -125,10 +127,14 @@ def probe_gluon(modules: dict) -> GluonApi | str:
     reinterpret = reinterpret_name(getattr(modules["gl"], "shared_memory_descriptor", None))
     if reinterpret is None:
         missing.append("shared_memory_descriptor.reinterpret / _reinterpret")
+    barrier = first_name(modules["gl"], ("barrier", "thread_barrier"))
+    if barrier is None:
+        missing.append("gl.barrier / thread_barrier")
     if missing:
         return f"this Triton's Gluon lacks what the kernels call: {', '.join(missing)}"
     return GluonApi(tma_load=tma_load, reinterpret=reinterpret,
-                    tma_atomic_add=tma_atomic_add_name(modules["tma"]))
+                    tma_atomic_add=tma_atomic_add_name(modules["tma"]),
+                    barrier=barrier)
 
 
 @functools.cache

@@ -70,6 +70,16 @@ def tma_load_box(desc, coord, barrier, tile):
     tma_load(desc, coord, barrier, _as_box(tile, desc))
 
 
+# A barrier over the calling partition's warps: ``gl.barrier`` from 3.7, ``thread_barrier``
+# before.
+_barrier = getattr(gl, gluon_api().barrier)
+
+
+@gluon.jit
+def partition_barrier():
+    _barrier()
+
+
 # The shared -> global TMA reduce-add (3.8+), for the fused-dQ backward.  Without it a
 # kernel compiled with that path fails at compile time naming why; dispatch never asks
 # for it there (``_compat.tma_atomic_add_refusal``).

@@ -74,6 +74,7 @@ from attnlab.kernels._sm90 import (
     descriptor,
     descriptor_parts,
     launch_maxnreg,
+    partition_barrier,
     row_slot,
     row_stat_descriptor_parts,
     shared_memory_refusal,
@@ -86,6 +87,9 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 # a thread: there a launch forms one of them (one accumulator, 128 registers), the dV
 # launch then the dK launch (bench/NOTES.md B20's split, in Gluon).
 ONE_GRADIENT_PER_LAUNCH = (256,)
+# The fused dQ's head dims: a 64 x d/2 fp32 product per warpgroup beside dK and dV, its
+# K halves sliced on the 128-byte swizzle's boundary.
+FUSED_DQ_HEAD_DIMS = (128,)
 BLOCK_N = 128            # two consumer warpgroups x 64 keys
 KEYS_PER_WARPGROUP = BLOCK_N // 2
 _KEYS = gl.constexpr(KEYS_PER_WARPGROUP)  # the same, readable inside the kernel
@@ -98,7 +102,8 @@ MAXNREG = launch_maxnreg(2 * CONSUMER_WARPS)
 @gluon.jit
 def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready, empty,
                 offs_n, m_lo, m_hi, heads, ring, diag_offset, qk_scale,
-                ds_wg, dq_smem, dq_desc, off_b, first_head, WG: gl.constexpr,
+                k_smem, ds_smem, ds_bars, dq_smem, dq_desc, off_b, first_head,
+                WG: gl.constexpr,
                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
                 FORM_DK: gl.constexpr, FORM_DV: gl.constexpr, FUSE_DQ: gl.constexpr,
                 s_layout: gl.constexpr, p_layout: gl.constexpr, acc_layout: gl.constexpr):
@@ -110,12 +115,15 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
     Each tile's accumulates are waited for before the next tile's S^T is issued: leaving
     them in flight under it measured 4-15% slower at d = 256 (bench/NOTES.md B21).
 
-    ``FUSE_DQ``: also dQ_j += dS K over this warpgroup's keys.  dS^T goes through shared
-    memory (``ds_wg``; wgmma reads it transposed as its A operand), and the fp32 product
-    is added into dQ's fp32 accumulator in global memory by TMA (staged in this
-    warpgroup's tiles of ``dq_smem``, a ``DQ_COLS``-column part at a time;
-    rows past ``seqlen_q`` are dropped by the descriptor's bounds).  The order of those
-    additions varies run to run: this path is the non-deterministic one."""
+    ``FUSE_DQ``: also dQ_j += dS K over the block's 128 keys, this warpgroup forming half
+    of dQ's columns.  Each warpgroup writes its dS^T to shared memory (``ds_smem``;
+    ``ds_bars``: [0] both are written, [1] both products have read them), wgmma reads
+    both transposed as its A operand against the matching K halves, and the fp32 product
+    (staged in ``dq_smem``) is added into dQ's fp32 accumulator in global memory by TMA;
+    rows past ``seqlen_q`` are dropped by the descriptor's bounds.  Summing the two
+    warpgroups' keys before the reduction halves its traffic (per warpgroup and its own
+    keys it measured 0.86x the deterministic backward at 4k, Triton 3.9.0).  The order
+    of those additions varies run to run: this path is the non-deterministic one."""
     dtype: gl.constexpr = q_smem.dtype
     KEYS: gl.constexpr = k_wg.shape[0]
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -123,7 +131,6 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
     if FUSE_DQ:
         gl.static_assert(FORM_DK, "dQ is fused into a launch that forms dS (dK's)")
         DQ_COLS: gl.constexpr = dq_desc.block_type.shape[3]
-        DQ_PARTS: gl.constexpr = k_wg.shape[1] // DQ_COLS
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DQ_COLS, 16])
     # One loop over (tile, head) steps: nested loops kept more values live across the
@@ -171,25 +178,33 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
             ds_op = ds_t.to(dtype)
             dk = warpgroup_mma(gl.convert_layout(ds_op, p_layout), q_tile, dk, is_async=True)
             if FUSE_DQ:
-                ds_wg.store(ds_op)
+                mbarrier.wait(ds_bars.index(1), (ring & 1) ^ 1)
+                ds_smem.index(WG).store(ds_op)
                 fence_async_shared()
+                partition_barrier()  # every thread's part stored before the arrival
+                mbarrier.arrive(ds_bars.index(0), count=1)
         if FUSE_DQ:
+            # dV and dK first: their register operands (P^T, dS^T) are free before dQ's
+            # accumulator is (issued under them, the tile spilled).
             dv, dk, _, _ = warpgroup_mma_wait(num_outstanding=0,
                                               deps=(dv, dk, q_tile, do_tile))
-            off_h = first_head + step % heads
-            for part in gl.static_range(DQ_PARTS):
-                dq = warpgroup_mma(ds_wg.permute((1, 0)),
-                                   k_wg.slice(part * DQ_COLS, DQ_COLS, dim=1),
-                                   gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout),
-                                   use_acc=False, is_async=True)
-                dq, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_wg))
-                # This part's staging tile was last used by the previous tile's reduction,
-                # which (all but the newest reduction done) has read it.
-                tma.store_wait(DQ_PARTS - 1)
-                staging = dq_smem.index(WG * DQ_PARTS + part)
-                staging.store(dq)
-                fence_async_shared()
-                tma_atomic_add_box(dq_desc, [off_b, off_h, start_m, part * DQ_COLS], staging)
+            mbarrier.wait(ds_bars.index(0), ring & 1)
+            dq = warpgroup_mma(ds_smem.index(0).permute((1, 0)),
+                               k_smem.index(0).slice(WG * DQ_COLS, DQ_COLS, dim=1),
+                               gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout),
+                               use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_smem.index(1).permute((1, 0)),
+                               k_smem.index(1).slice(WG * DQ_COLS, DQ_COLS, dim=1), dq,
+                               is_async=True)
+            dq, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_smem, k_smem))
+            mbarrier.arrive(ds_bars.index(1), count=1)
+            # The previous tile's reduction has read the staging tile before it is reused.
+            tma.store_wait(0)
+            staging = dq_smem.index(WG)
+            staging.store(dq)
+            fence_async_shared()
+            tma_atomic_add_box(dq_desc, [off_b, first_head + step % heads, start_m,
+                                         WG * DQ_COLS], staging)
         elif FORM_DK and FORM_DV:
             dv, dk, _, _ = warpgroup_mma_wait(num_outstanding=0,
                                               deps=(dv, dk, q_tile, do_tile))
@@ -283,7 +298,7 @@ def _store_grads(DK, DV, dk, dv, off_b, off_hk, key0, seqlen_k, scale, stride_dk
 
 @gluon.jit
 def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
-              kv_ready, ready, empty, dq_desc,
+              kv_ready, ready, empty, ds_bars, dq_desc,
               DK, DV, PARTIALS, ARRIVALS, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
               stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
               num_kv_blocks, block_major, qk_scale, scale, WG: gl.constexpr,
@@ -315,8 +330,6 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq
     first_head = off_hk * group_size + part * heads
     k_wg = k_smem.index(WG)
     v_wg = v_smem.index(WG)
-    # Unfused, ds_smem is K's ring of two blocks and this stands for a buffer never read.
-    ds_wg = ds_smem.index(WG)
     mbarrier.wait(kv_ready, 0)
     ring = seqlen_q * 0  # a tensor: the ring position is loop-carried
     # One accumulator per gradient formed; the other name is a pass-through the
@@ -326,14 +339,14 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq
     # The tiles come in the producer's order (``_producer``); the ring carries them.
     dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem,
                                ready, empty, offs_n, m_full, seqlen_q, heads, ring,
-                               diag_offset, qk_scale, ds_wg, dq_smem, dq_desc, off_b,
-                               first_head, WG, BLOCK_M, STAGES, False, FORM_DK, FORM_DV,
+                               diag_offset, qk_scale, k_smem, ds_smem, ds_bars, dq_smem,
+                               dq_desc, off_b, first_head, WG, BLOCK_M, STAGES, False, FORM_DK, FORM_DV,
                                FUSE_DQ, s_layout, p_layout, acc_layout)
     if IS_CAUSAL:
         dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem,
                                    delta_smem, ready, empty, offs_n, m_lo, m_full, heads,
-                                   ring, diag_offset, qk_scale, ds_wg, dq_smem, dq_desc,
-                                   off_b, first_head, WG, BLOCK_M, STAGES, True, FORM_DK,
+                                   ring, diag_offset, qk_scale, k_smem, ds_smem, ds_bars,
+                                   dq_smem, dq_desc, off_b, first_head, WG, BLOCK_M, STAGES, True, FORM_DK,
                                    FORM_DV, FUSE_DQ, s_layout, p_layout, acc_layout)
     if FUSE_DQ:
         tma.store_wait(0)  # the last reduction has read its staging tile
@@ -501,12 +514,14 @@ def _dkdv_program(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc
         dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS],
                                                                        gl.float32)
         ds_smem = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], ds_layout)
-        # Warpgroup 0's column parts, then warpgroup 1's.
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2 * (HEAD_DIM // DQ_COLS), BLOCK_M,
-                                                         DQ_COLS], dq_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_layout)
+        ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(ds_bars.index(i), count=2)  # one arrival per warpgroup
     else:
         ds_smem = k_smem
         dq_smem = k_smem
+        ds_bars = k_smem
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -518,13 +533,13 @@ def _dkdv_program(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc
     gl.warp_specialize([
         # The default partition is consumer warpgroup 0, the first worker warpgroup 1.
         (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
-                     kv_ready, ready, empty, dq_desc, DK, DV, PARTIALS, ARRIVALS, stride_dkb,
+                     kv_ready, ready, empty, ds_bars, dq_desc, DK, DV, PARTIALS, ARRIVALS, stride_dkb,
                      stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_kv_heads,
                      group_size, seqlen_q, seqlen_k, num_kv_blocks, block_major, qk_scale,
                      scale, 0, BLOCK_M, STAGES, IS_CAUSAL, FORM_DK, FORM_DV, HEAD_SPLIT,
                      FUSE_DQ)),
         (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
-                     kv_ready, ready, empty, dq_desc, DK, DV, PARTIALS, ARRIVALS, stride_dkb,
+                     kv_ready, ready, empty, ds_bars, dq_desc, DK, DV, PARTIALS, ARRIVALS, stride_dkb,
                      stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_kv_heads,
                      group_size, seqlen_q, seqlen_k, num_kv_blocks, block_major, qk_scale,
                      scale, 1, BLOCK_M, STAGES, IS_CAUSAL, FORM_DK, FORM_DV, HEAD_SPLIT,
@@ -536,6 +551,9 @@ def _dkdv_program(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc
     ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
     mbarrier.invalidate(kv_ready)
+    if FUSE_DQ:
+        for i in gl.static_range(2):
+            mbarrier.invalidate(ds_bars.index(i))
     for ring in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(ring))
         mbarrier.invalidate(empty.index(ring))
@@ -673,11 +691,12 @@ def launch_shared_memory_bytes(head_dim: int, form_dk: bool, block_m: int, stage
                                itemsize: int = 2, fuse_dq: bool = False) -> int:
     """The K (and V) block + the Q/dO ring + the fp32 LSE (and D) ring + barriers and
     slack: what one CTA of one launch allocates (V and D only where it forms dK), and for
-    a fused dQ each warpgroup's dS^T tile and fp32 dQ staging tile."""
+    a fused dQ each warpgroup's dS^T tile, its half of the fp32 dQ staging tile and two
+    barriers."""
     blocks = (2 if form_dk else 1) * BLOCK_N * head_dim
     tiles = blocks + 2 * stages * block_m * head_dim
     rows = (2 if form_dk else 1) * stages * block_m * 4
-    fused = (BLOCK_N * block_m * itemsize + 2 * block_m * head_dim * 4) if fuse_dq else 0
+    fused = (BLOCK_N * block_m * itemsize + block_m * head_dim * 4 + 16) if fuse_dq else 0
     return tiles * itemsize + rows + fused + 8 * (1 + 2 * stages) + 512
 
 
@@ -705,10 +724,11 @@ def refusal(*, capability: tuple[int, int] | None, dtype: torch.dtype,
         return reason
     config = config or DEFAULT_CONFIGS[head_dim]
     if config.fuse_dq:
-        if head_dim in ONE_GRADIENT_PER_LAUNCH:
-            return (f"fuse_dq needs dK and dV in one launch: head_dim must be one of "
-                    f"{tuple(d for d in SUPPORTED_HEAD_DIMS if d not in ONE_GRADIENT_PER_LAUNCH)}"
-                    f", got {head_dim}")
+        if head_dim not in FUSED_DQ_HEAD_DIMS:
+            return (f"fuse_dq is built for head_dim {FUSED_DQ_HEAD_DIMS} (each warpgroup "
+                    f"forms 64 of dQ's columns; dK and dV in one launch), got {head_dim}")
+        if config.block_m != 64:
+            return f"fuse_dq needs block_m 64 (wgmma's M for dQ's rows), got {config.block_m}"
         reason = tma_atomic_add_refusal()
         if reason is not None:
             return reason
@@ -808,16 +828,11 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
                            arrivals=units * 2 * KEYS_PER_WARPGROUP // 8)
 
 
-# The fused dQ is formed and reduced this many head-dim columns at a time: a whole
-# 64 x 128 fp32 product beside dK and dV spilled at d = 128 (Triton 3.9.0, compiled here).
-DQ_COLUMNS = 64
-
-
 def dq_descriptor_parts(accumulator: torch.Tensor, layout: str, block_m: int) -> tuple:
     """The fused dQ accumulator's TMA descriptor: Q's, in fp32, with a box of ``block_m``
-    rows by ``DQ_COLUMNS`` columns."""
+    rows by half the head dim (each warpgroup reduces its half of the columns)."""
     shape, strides, box, _ = descriptor_parts(accumulator, layout, block_m)
-    box = [*box[:3], min(DQ_COLUMNS, box[3])]
+    box = [*box[:3], box[3] // 2]
     return shape, strides, box, box_layout(tuple(box), accumulator.dtype)
 
 
