@@ -113,20 +113,10 @@ def correctness_cases(args) -> list[tuple]:
     return cases
 
 
-def may_fuse_dq(options: dict) -> bool:
-    """Whether ``flash_backward(**options)`` may add dQ by atomics: a forced fused config,
-    or the tables' choice for a call that allows it."""
-    forced = options.get("dkdv_sm90")
-    if forced is not None:
-        return forced.fuse_dq
-    return not (options.get("deterministic") or options.get("dq_sm90") or options.get("config"))
-
-
 def accuracy_case(row: dict, inputs: tuple, seed: int, options: dict,
                   repeat_options: dict) -> bool:
     """One gradient case into ``row``: dQ, dK, dV against float64 by the gradient rule,
-    and bit-identical when run again with ``repeat_options`` (dQ only where both runs
-    are ``deterministic``: a fused-dQ run's atomic sums vary); a crash is a failure."""
+    and bit-identical when run again with ``repeat_options``; a crash is a failure."""
     head_dim = inputs[5]
     try:
         q, k, v, dout = make_inputs(*inputs, seed=seed)
@@ -136,9 +126,7 @@ def accuracy_case(row: dict, inputs: tuple, seed: int, options: dict,
                 if name not in ("dkdv_sm90", "dq_sm90")}
         checks = check_gradients(grads, q, k, v, dout, layout="bshd",
                                  scale=1.0 / math.sqrt(head_dim), **mask)
-        exact = 1 if any(may_fuse_dq(o) for o in (options, {**options, **repeat_options})) else 0
-        identical = all(torch.equal(a, b) for a, b in zip(grads[exact:], again[exact:],
-                                                          strict=True))
+        identical = all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
         passed = all(c.passed for c in checks) and identical
         row.update(passed=passed, bit_identical=identical,
                    errors={c.name: [c.error, c.allowed] for c in checks})
@@ -215,13 +203,12 @@ def dq_stand_in(head_dim: int, warps: int, base: BackwardConfig) -> tuple[int, i
 
 
 def time_backward(q, k, v, dout, out, lse, config, causal, dkdv_sm90=None,
-                  dq_sm90=None, deterministic=False) -> float:
+                  dq_sm90=None) -> float:
     scale = 1.0 / math.sqrt(q.shape[-1])
 
     def call():
         flash_backward(dout, q, k, v, out, lse, layout="bshd", scale=scale, causal=causal,
-                       config=config, dkdv_sm90=dkdv_sm90, dq_sm90=dq_sm90,
-                       deterministic=deterministic)
+                       config=config, dkdv_sm90=dkdv_sm90, dq_sm90=dq_sm90)
 
     return time_call(call, [()], device="cuda", warmup=2, target_ms=150, min_repeats=5,
                      max_repeats=40).p50
@@ -379,19 +366,17 @@ def candidates_accuracy(ctx, path: str, what: str, option: str, candidates: dict
 
 
 def time_candidates(ctx, path: str, what: str, shape: AttentionShape, candidates,
-                    option: str, baseline_config, baseline_options=None) -> dict[str, float]:
-    """The backward's median ms at ``shape`` with the baseline (``"triton"``: the Triton
-    kernel's tiles ``baseline_config``; None: the committed tables, with
-    ``baseline_options`` for ``flash_backward``) and with each Gluon candidate forced by
-    ``flash_backward``'s ``option``; rows ``{what}_time`` into ``path`` (a candidate that
-    cannot run is a row with its error)."""
+                    option: str, baseline_config) -> dict[str, float]:
+    """The backward's median ms at ``shape`` with the Triton kernel (``"triton"``, tiles
+    ``baseline_config``; None: the committed tables) and with each Gluon candidate forced
+    by ``flash_backward``'s ``option``; rows ``{what}_time`` into ``path`` (a candidate
+    that cannot run is a row with its error)."""
     backward_flops = 2.5 * conventional_attention_flops(shape)
     q, k, v, dout = make_inputs(shape.batch, shape.query_heads, shape.kv_heads, shape.seqlen_q,
                                 shape.seqlen_k, shape.head_dim, torch.bfloat16)
     out, lse = flash_forward(q, k, v, layout="bshd", scale=shape.head_dim ** -0.5,
                              causal=shape.causal)
-    timed = {"triton": time_backward(q, k, v, dout, out, lse, baseline_config, shape.causal,
-                                     **(baseline_options or {}))}
+    timed = {"triton": time_backward(q, k, v, dout, out, lse, baseline_config, shape.causal)}
     for config in candidates:
         try:
             timed[config.name()] = time_backward(q, k, v, dout, out, lse, None, shape.causal,
@@ -504,49 +489,9 @@ def phase_dq(ctx) -> None:
     lines, entries, measured = [], [], set()
     for shape in ctx.within_budget(ctx.plan):
         timed = time_candidates(ctx, path, "sm90_dq", shape, dq_sm90.CANDIDATES[shape.head_dim],
-                                "dq_sm90", None, {"deterministic": True})
+                                "dq_sm90", None)
         lines.append(record_winner(shape, timed, dq_sm90.Sm90DqConfig, entries, measured))
     write_table(ctx, "sm90_dq_dispatch.json", dq_sm90.Sm90DqConfig, entries, measured,
-                inaccurate)
-    print("\n".join(lines))
-    ctx.fail(failures)
-
-
-# ---------------------------------------------------------------------------
-# The fused-dQ dK/dV kernel (Triton 3.8+): its candidates per head dim, timed at the
-# fwd+bwd table's d = 128 shapes.
-FUSED_CANDIDATES = {128: [(64, 2)]}
-
-
-def fused_candidates(head_dim: int) -> list:
-    from attnlab.kernels.backward_sm90 import Sm90BackwardConfig
-
-    return [Sm90BackwardConfig(m, s, fuse_dq=True) for m, s in FUSED_CANDIDATES[head_dim]]
-
-
-def fused_plan(args) -> list[AttentionShape]:
-    return [s for s in bench_shapes(False) if s.head_dim in FUSED_CANDIDATES
-            and shape_selected(s, args.shapes)]
-
-
-def phase_fused(ctx) -> None:
-    """The fused-dQ backward's candidates: accuracy against float64 (dK, dV bit-identical
-    on a repeat; dQ's atomic sums are not), then the backward timed with each against the
-    deterministic backward the committed tables give (``"triton"`` in the rows).  Writes
-    sm90_fused_sweep.jsonl and the dispatch-table candidate sm90_fused_dispatch.json
-    (buckets where a fused config is >= 2% faster)."""
-    from attnlab.kernels import backward_sm90 as sm90
-
-    path = "sm90_fused_sweep.jsonl"
-    failures, inaccurate = candidates_accuracy(
-        ctx, path, "sm90_fused", "dkdv_sm90",
-        {d: (fused_candidates(d)[0], fused_candidates(d)) for d in FUSED_CANDIDATES})
-    lines, entries, measured = [], [], set()
-    for shape in ctx.within_budget(ctx.plan):
-        timed = time_candidates(ctx, path, "sm90_fused", shape, fused_candidates(shape.head_dim),
-                                "dkdv_sm90", None, {"deterministic": True})
-        lines.append(record_winner(shape, timed, sm90.Sm90BackwardConfig, entries, measured))
-    write_table(ctx, "sm90_fused_dispatch.json", sm90.Sm90BackwardConfig, entries, measured,
                 inaccurate)
     print("\n".join(lines))
     ctx.fail(failures)
@@ -996,7 +941,6 @@ bench.phase("ncu", default=False, cap_s=60.0,
 bench.phase("correct", cap_s=45.0, plan=correctness_cases)(phase_correct)
 bench.phase("sm90", default=False, cap_s=200.0, plan=sm90_plan)(phase_sm90)
 bench.phase("dq", default=False, cap_s=200.0, plan=dq_plan)(phase_dq)
-bench.phase("fused", default=False, cap_s=200.0, plan=fused_plan)(phase_fused)
 bench.phase("tune", cap_s=90.0, plan=tune_plan)(phase_tune)
 bench.phase("bench", cap_s=150.0, plan=bench_plan)(phase_bench)
 bench.finish(print_table)

@@ -9,9 +9,7 @@ Read from the released wheels' sources (docs/versions.md has the table):
   with one variadic ``utils.launch`` taking the kernel's arguments as one sequence after
   their annotations and signature; ``fill_tma_descriptor`` became
   ``fill_tma_descriptor_tiled``.
-* 3.8 added ``tma.async_load``; ``async_copy_global_to_shared`` became its alias; and
-  ``tma.async_atomic_add``, TMA's reduce-add from shared to global memory, which the
-  fused-dQ backward needs (optional: without it the backward keeps its dQ kernel).
+* 3.8 added ``tma.async_load``; ``async_copy_global_to_shared`` became its alias.
 * 3.9 made ``async_copy_global_to_shared`` raise and renamed the private
   ``_reinterpret`` to the public ``reinterpret``; ``enable_fp_fusion`` will default to
   off in 3.10, so launches pass the value the kernels were tuned with.
@@ -42,10 +40,6 @@ class GluonApi:
 
     tma_load: str     # hopper.tma's global -> shared copy: async_load or its older name
     reinterpret: str  # shared_memory_descriptor's method: reinterpret or _reinterpret
-    # hopper.tma's shared -> global reduce-add (3.8+: async_atomic_add), or None
-    tma_atomic_add: str | None = None
-    # gl's barrier over a partition's warps: barrier (3.7+) or thread_barrier
-    barrier: str = "barrier"
 
 
 def first_name(owner, names: tuple[str, ...]) -> str | None:
@@ -70,15 +64,6 @@ def tma_load_name(tma) -> str | None:
 def reinterpret_name(descriptor_class) -> str | None:
     """3.9+: ``reinterpret``; 3.6-3.8: ``_reinterpret``."""
     return first_name(descriptor_class, ("reinterpret", "_reinterpret"))
-
-
-def tma_atomic_add_name(tma) -> str | None:
-    """3.8+: ``async_atomic_add`` taking (descriptor, coordinates, shared source); None
-    before (3.6-3.7 have no TMA reduction in Gluon)."""
-    name = first_name(tma, ("async_atomic_add",))
-    if name is None or parameters(getattr(tma, name))[:3] != ["tensor_desc", "coord", "src"]:
-        return None
-    return name
 
 
 def expect_takes_bytes_second(expect) -> bool:
@@ -127,14 +112,9 @@ def probe_gluon(modules: dict) -> GluonApi | str:
     reinterpret = reinterpret_name(getattr(modules["gl"], "shared_memory_descriptor", None))
     if reinterpret is None:
         missing.append("shared_memory_descriptor.reinterpret / _reinterpret")
-    barrier = first_name(modules["gl"], ("barrier", "thread_barrier"))
-    if barrier is None:
-        missing.append("gl.barrier / thread_barrier")
     if missing:
         return f"this Triton's Gluon lacks what the kernels call: {', '.join(missing)}"
-    return GluonApi(tma_load=tma_load, reinterpret=reinterpret,
-                    tma_atomic_add=tma_atomic_add_name(modules["tma"]),
-                    barrier=barrier)
+    return GluonApi(tma_load=tma_load, reinterpret=reinterpret)
 
 
 @functools.cache
@@ -158,18 +138,6 @@ def gluon_refusal() -> str | None:
     """Why the Gluon sm_90 kernels cannot be built on this Triton, or None."""
     found = gluon_api()
     return found if isinstance(found, str) else None
-
-
-def tma_atomic_add_refusal() -> str | None:
-    """Why the fused-dQ backward (dQ reduced by TMA from the dK/dV kernel) cannot be built
-    on this Triton, or None."""
-    found = gluon_api()
-    if isinstance(found, str):
-        return found
-    if found.tma_atomic_add is None:
-        return ("this Triton's Gluon has no TMA reduce-add (hopper.tma.async_atomic_add, "
-                "Triton 3.8+)")
-    return None
 
 
 # ----- the direct launch ------------------------------------------------------------------

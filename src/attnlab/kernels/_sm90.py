@@ -46,8 +46,10 @@ PLAIN_ROW = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 # reinterpreted as the descriptor's box: ``reinterpret`` from 3.9, ``_reinterpret`` before.
 if gluon_api().reinterpret == "reinterpret":
     @gluon.jit
-    def _as_box(tile, desc):
-        return tile.reinterpret(desc.dtype, desc.block_shape, desc.layout)
+    def tma_load_box(desc, coord, barrier, tile):
+        """TMA copy of ``desc``'s box at ``coord`` into ``tile``, completing ``barrier``."""
+        tma_load(desc, coord, barrier, tile.reinterpret(desc.dtype, desc.block_shape,
+                                                        desc.layout))
 
     @gluon.jit
     def row_slot(ring, stage):
@@ -55,46 +57,15 @@ if gluon_api().reinterpret == "reinterpret":
         return ring.index(stage).reinterpret(ring.dtype, [ring.shape[2]], PLAIN_ROW)
 else:
     @gluon.jit
-    def _as_box(tile, desc):
-        return tile._reinterpret(desc.dtype, desc.block_shape, desc.layout)
+    def tma_load_box(desc, coord, barrier, tile):
+        """TMA copy of ``desc``'s box at ``coord`` into ``tile``, completing ``barrier``."""
+        tma_load(desc, coord, barrier, tile._reinterpret(desc.dtype, desc.block_shape,
+                                                         desc.layout))
 
     @gluon.jit
     def row_slot(ring, stage):
         """Slot ``stage`` of a ``ROW_RING_LAYOUT`` ring as the plain row it holds."""
         return ring.index(stage)._reinterpret(ring.dtype, [ring.shape[2]], PLAIN_ROW)
-
-
-@gluon.jit
-def tma_load_box(desc, coord, barrier, tile):
-    """TMA copy of ``desc``'s box at ``coord`` into ``tile``, completing ``barrier``."""
-    tma_load(desc, coord, barrier, _as_box(tile, desc))
-
-
-# A barrier over the calling partition's warps: ``gl.barrier`` from 3.7, ``thread_barrier``
-# before.
-_barrier = getattr(gl, gluon_api().barrier)
-
-
-@gluon.jit
-def partition_barrier():
-    _barrier()
-
-
-# The shared -> global TMA reduce-add (3.8+), for the fused-dQ backward.  Without it a
-# kernel compiled with that path fails at compile time naming why; dispatch never asks
-# for it there (``_compat.tma_atomic_add_refusal``).
-if gluon_api().tma_atomic_add is not None:
-    tma_atomic_add = getattr(tma, gluon_api().tma_atomic_add)
-
-    @gluon.jit
-    def tma_atomic_add_box(desc, coord, tile):
-        """Add ``tile`` (shared memory) into ``desc``'s box at ``coord`` by TMA; rows past
-        the descriptor's bounds are dropped."""
-        tma_atomic_add(desc, coord, _as_box(tile, desc))
-else:
-    @gluon.jit
-    def tma_atomic_add_box(desc, coord, tile):
-        gl.static_assert(False, "this Triton's Gluon has no tma.async_atomic_add (3.8+)")
 
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -357,8 +328,6 @@ def select_entries(table: dict, running: str) -> tuple[list[dict], str | None]:
     table's own release stands in (the kernels compile the same schedule on 3.6-3.9) and
     the note says how many buckets do.  An entry whose ``config`` is None records that
     the Triton kernel measured faster there: it dispatches nothing."""
-    if table.get("source") is None:  # a table no run has filled yet
-        return [], None
     reference = table["source"]["triton"]
     chosen, own = {}, set()
     for entry in table["entries"]:

@@ -380,10 +380,8 @@ def _attn_bwd_dq(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     IS_VARLEN: tl.constexpr, REVERSE_M: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    HAS_DLSE: tl.constexpr, WRITE_LSE_LOG2: tl.constexpr, ROWS_ONLY: tl.constexpr = False,
+    HAS_DLSE: tl.constexpr, WRITE_LSE_LOG2: tl.constexpr,
 ):
-    # ROWS_ONLY: D and LSE·log2 e alone, and zeros in DQ (the fused-dQ backward's fp32
-    # accumulator, which the Gluon dK/dV kernel then adds dS K into).
     # fp32 scalars whoever launches (Inductor passes fp64), as in forward._attn_fwd.
     qk_scale, softcap_log2 = tl.cast(qk_scale, tl.float32), tl.cast(softcap_log2, tl.float32)
     softcap_inv, scale = tl.cast(softcap_inv, tl.float32), tl.cast(scale, tl.float32)
@@ -445,22 +443,22 @@ def _attn_bwd_dq(
     kv_lo, full_lo, full_hi, kv_hi = _kv_band_bounds(
         start_m, start_m + BLOCK_M - 1, seqlen_k, diag_offset, window_left, window_right,
         BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    if not ROWS_ONLY:
-        # Stage 1: tiles cut by the window's left edge (element mask).
-        dq = _dq_tiles(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                       kv_lo, full_lo, seqlen_k, diag_offset, window_left, window_right,
-                       qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
-                       True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
-        # Stage 2: tiles wholly inside the band (no mask).
-        dq = _dq_tiles(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                       full_lo, full_hi, seqlen_k, diag_offset, window_left, window_right,
-                       qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
-                       False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
-        # Stage 3: diagonal tiles and the ragged last tile (element mask).
-        dq = _dq_tiles(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                       full_hi, kv_hi, seqlen_k, diag_offset, window_left, window_right,
-                       qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
-                       True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+    # Stage 1: tiles cut by the window's left edge (element mask).
+    dq = _dq_tiles(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                   kv_lo, full_lo, seqlen_k, diag_offset, window_left, window_right,
+                   qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
+                   True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+    # Stage 2: tiles wholly inside the band (no mask).
+    dq = _dq_tiles(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                   full_lo, full_hi, seqlen_k, diag_offset, window_left, window_right,
+                   qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
+                   False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+    # Stage 3: diagonal tiles and the ragged last tile (element mask).
+    dq = _dq_tiles(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                   full_hi, kv_hi, seqlen_k, diag_offset, window_left, window_right,
+                   qk_scale, softcap_log2, softcap_inv, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_PAD,
+                   True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, UPCAST_DOT)
+
     # A row that sees no key has P = 0 everywhere: dQ = 0.
     dq = dq * scale
     store_mask = offs_m[:, None] < seqlen_q
@@ -470,16 +468,6 @@ def _attn_bwd_dq(
     dq_ptrs = (DQ + off_b * stride_dqb + off_h * stride_dqh + q_rows * stride_dqm
                + local_m[:, None] * stride_dqm + offs_d[None, :])
     tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=store_mask)
-
-
-@triton.jit
-def _scale_cast(SRC, DST, numel, scale, BLOCK: tl.constexpr):
-    """DST = SRC x scale in DST's dtype, element for element (both contiguous): the fused
-    backward's dQ from its fp32 accumulator of dS K."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    in_range = offs < numel
-    total = tl.load(SRC + offs, mask=in_range)
-    tl.store(DST + offs, (total * scale).to(DST.dtype.element_ty), mask=in_range)
 
 
 # ---------------------------------------------------------------------------
@@ -530,8 +518,6 @@ def _check_varlen(layout, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 
 # One direct launcher per kernel: the compiled kernels it keeps outlive the calls.
 _DKDV, _DQ = DirectLauncher(_attn_bwd_dkdv), DirectLauncher(_attn_bwd_dq)
-_SCALE_CAST = DirectLauncher(_scale_cast)
-_CAST_BLOCK = 1024
 # Backward plans by call signature (kernels/_launch.PlanCache).
 _PLANS = PlanCache()
 
@@ -554,11 +540,9 @@ def flash_backward(
     as the forward returns it.  Returns gradients in the layout and dtype of q, k, v.
     ``dlse`` (optional, LSE's shape) is the gradient flowing into the LSE output.
 
-    Deterministic unless a fused-dQ config runs (``Sm90BackwardConfig(fuse_dq=True)``,
-    never with ``deterministic=True``): otherwise no kernel uses atomics (dK/dV are
-    summed over the GQA group in registers, dQ has its own kernel) and every run gives
-    bit-identical results.  Fused, the dK/dV kernel adds dS K into an fp32 dQ by TMA
-    reduce-add in whatever order its programs finish.
+    Deterministic always: no kernel uses atomics (dK/dV are summed over the GQA group
+    in registers, dQ has its own kernel), so ``deterministic=True`` and the default
+    run the same code and give bit-identical results run to run.
 
     dK and dV come from the Gluon sm_90 kernel (``kernels/backward_sm90.py``) where its
     committed dispatch table says it measured faster and no ``config`` was given, or
@@ -581,7 +565,7 @@ def flash_backward(
     options = dict(layout=layout, scale=scale, causal=causal, window=tuple(window),
                    softcap=softcap, max_seqlen_q=max_seqlen_q,
                    max_seqlen_k=max_seqlen_k, config=config, dkdv_sm90=dkdv_sm90,
-                   dq_sm90=dq_sm90, has_dlse=dlse is not None, deterministic=deterministic)
+                   dq_sm90=dq_sm90, has_dlse=dlse is not None)
     tensors = (q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k)
     if launch_is_traced(q):
         # Traced, each launch must be a graph node (wrap_triton's HOP) for Inductor, as in
@@ -608,19 +592,13 @@ class _BackwardPlan:
     launches."""
 
     def __init__(self, dkdv, sm90_dkdv, dq, copy_dout: bool, gluon_dq: bool,
-                 delta_shape: tuple[int, ...], cast=None) -> None:
+                 delta_shape: tuple[int, ...]) -> None:
         self.dkdv, self.sm90_dkdv, self.dq = dkdv, sm90_dkdv, dq
         self.copy_dout, self.gluon_dq, self.delta_shape = copy_dout, gluon_dq, delta_shape
-        # Fused dQ: ``dq`` is the Triton dQ kernel's rows-only launch (D, LSE·log2 e and a
-        # zeroed fp32 accumulator), the Gluon dK/dV launch adds dS K into the accumulator,
-        # and ``cast`` scales it into dQ in q's dtype.
-        self.cast = cast
 
     def __call__(self, q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k):
         delta = torch.empty(self.delta_shape, dtype=torch.float32, device=lse.device)
         lse_log2 = None if self.sm90_dkdv is None else torch.empty_like(delta)
-        if self.cast is not None:
-            return self._fused(q, k, v, out, dout, lse, dlse, delta, lse_log2)
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         # Unused pointer arguments still need a tensor; the constexpr switch keeps them unread.
         cu_q = lse if cu_seqlens_q is None else cu_seqlens_q
@@ -638,23 +616,10 @@ class _BackwardPlan:
             self.dkdv(q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k)
         return dq, dk, dv
 
-    def _fused(self, q, k, v, out, dout, lse, dlse, delta, lse_log2):
-        accumulator = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        self.dq(q, k, v, out, dout, lse, lse if dlse is None else dlse, delta, lse_log2,
-                accumulator, lse, lse)
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        tma_dout = dout.contiguous() if self.copy_dout else dout
-        self.sm90_dkdv((k, v, q, tma_dout, lse_log2, delta, accumulator), (dk, dv))
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        self.cast.launch(accumulator, dq)
-        return dq, dk, dv
-
 
 def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *, layout,
                    scale, causal, window, softcap, max_seqlen_q, max_seqlen_k,
-                   config, dkdv_sm90, dq_sm90, has_dlse, deterministic,
-                   launchers) -> _BackwardPlan:
+                   config, dkdv_sm90, dq_sm90, has_dlse, launchers) -> _BackwardPlan:
     """What ``flash_backward`` launches for tensors of these sizes, strides and alignment."""
     inputs = AttentionInputs.read(q, k, v, layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k)
@@ -687,21 +652,10 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
 
     # Decided before any launch: a forced sm_90 kernel that cannot run is refused first.
     sm90 = dispatch.dkdv_config(q, k, v, dout, layout=layout, causal=causal, window=window,
-                                softcap=softcap, requested=dkdv_sm90,
-                                use_table=explicit_config is None,
-                                # A forced Gluon dQ leaves dQ to that kernel.
-                                deterministic=deterministic or dq_sm90 is not None)
-    fused = sm90 is not None and sm90[0].fuse_dq
-    if fused and deterministic:
-        raise ValueError(f"dkdv_sm90={sm90[0].name()} adds dQ by atomic reductions, whose order "
-                         "varies run to run: it cannot serve deterministic=True (pass a "
-                         "config without fuse_dq)")
-    if fused and dq_sm90 is not None:
-        raise ValueError(f"dq_sm90 and dkdv_sm90={sm90[0].name()} would both form dQ: pass "
-                         "one of them")
-    gluon_dq = None if fused else dispatch.dq_config(
-        q, k, v, dout, layout=layout, causal=causal, window=window, softcap=softcap,
-        requested=dq_sm90, use_table=explicit_config is None)
+                      softcap=softcap, requested=dkdv_sm90, use_table=explicit_config is None)
+    gluon_dq = dispatch.dq_config(q, k, v, dout, layout=layout, causal=causal, window=window,
+                                  softcap=softcap, requested=dq_sm90,
+                                  use_table=explicit_config is None)
     masks = dict(HAS_LEFT=has_left, HAS_RIGHT=has_right, HAS_SOFTCAP=softcap > 0,
                  IS_VARLEN=lay.is_varlen, UPCAST_DOT=interpreted and q.dtype == torch.bfloat16)
     scalars = (max(window_left, 0), max(window_right, 0),
@@ -757,10 +711,6 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
                 BLOCK_M=config.dkdv_block_m, BLOCK_N=config.dkdv_block_n, **masks,
                 SPLIT_OUTPUTS=config.dkdv_split,
                 num_warps=config.num_warps, num_stages=config.num_stages))
-    if fused:
-        numel = q.numel()
-        cast = PlannedLaunch(_SCALE_CAST, (triton.cdiv(numel, _CAST_BLOCK),), (numel, scale),
-                             dict(BLOCK=_CAST_BLOCK))
     if gluon_dq is not None:
         dq = plan_gluon_dq(
             q, k, v, out, gluon_dq[2], layout=layout, scale=scale, causal=causal,
@@ -774,10 +724,9 @@ def _plan_backward(q, k, v, out, dout, lse, dlse, cu_seqlens_q, cu_seqlens_k, *,
         int(dq_block_major), *scalars,
     ), dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
             BLOCK_M=config.dq_block_m, BLOCK_N=config.dq_block_n, REVERSE_M=has_right, **masks,
-            HAS_DLSE=has_dlse, WRITE_LSE_LOG2=sm90 is not None, ROWS_ONLY=fused,
+            HAS_DLSE=has_dlse, WRITE_LSE_LOG2=sm90 is not None,
             num_warps=config.num_warps, num_stages=config.num_stages))
-    return _BackwardPlan(dkdv, sm90_dkdv, dq, copy_dout, False, delta_shape,
-                         cast if fused else None)
+    return _BackwardPlan(dkdv, sm90_dkdv, dq, copy_dout, False, delta_shape)
 
 
 # ---------------------------------------------------------------------------

@@ -48,9 +48,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -58,7 +56,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.dtypes import TORCH_NAMES
 from attnlab.inputs import AttentionInputs, layout_named
-from attnlab.kernels._compat import tma_atomic_add_refusal
 from attnlab.kernels._launch import int_class
 from attnlab.kernels._primitives import LOG2E
 from attnlab.kernels._sm90 import (
@@ -67,18 +64,15 @@ from attnlab.kernels._sm90 import (
     PlannedGluonLaunch,
     backward_refusal,
     backward_supports,
-    box_layout,
     check_producer_regs,
     code_evidence,
     compile_sm90,
     descriptor,
     descriptor_parts,
     launch_maxnreg,
-    partition_barrier,
     row_slot,
     row_stat_descriptor_parts,
     shared_memory_refusal,
-    tma_atomic_add_box,
     tma_load_box,
 )
 
@@ -87,9 +81,6 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 # a thread: there a launch forms one of them (one accumulator, 128 registers), the dV
 # launch then the dK launch (bench/NOTES.md B20's split, in Gluon).
 ONE_GRADIENT_PER_LAUNCH = (256,)
-# The fused dQ's head dims: a 64 x d/2 fp32 product per warpgroup beside dK and dV, its
-# K halves sliced on the 128-byte swizzle's boundary.
-FUSED_DQ_HEAD_DIMS = (128,)
 BLOCK_N = 128            # two consumer warpgroups x 64 keys
 KEYS_PER_WARPGROUP = BLOCK_N // 2
 _KEYS = gl.constexpr(KEYS_PER_WARPGROUP)  # the same, readable inside the kernel
@@ -102,37 +93,20 @@ MAXNREG = launch_maxnreg(2 * CONSUMER_WARPS)
 @gluon.jit
 def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready, empty,
                 offs_n, m_lo, m_hi, heads, ring, diag_offset, qk_scale,
-                k_smem, ds_smem, ds_bars, dq_smem, dq_desc, off_b, first_head,
-                WG: gl.constexpr,
                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr,
-                FORM_DK: gl.constexpr, FORM_DV: gl.constexpr, FUSE_DQ: gl.constexpr,
-                s_layout: gl.constexpr, p_layout: gl.constexpr, acc_layout: gl.constexpr):
+                FORM_DK: gl.constexpr, FORM_DV: gl.constexpr,
+                s_layout: gl.constexpr, p_layout: gl.constexpr):
     """Add the query tiles [m_lo, m_hi) of ``heads`` query heads to this warpgroup's dK
     and/or dV (the one not formed is passed through untouched): the last tile first, each
     tile for every head in turn (the producer's order, ``_load_tiles``).
 
     ``ring`` counts the tiles this program consumed before (the slot and its phase).
     Each tile's accumulates are waited for before the next tile's S^T is issued: leaving
-    them in flight under it measured 4-15% slower at d = 256 (bench/NOTES.md B21).
-
-    ``FUSE_DQ``: also dQ_j += dS K over the block's 128 keys, this warpgroup forming half
-    of dQ's columns.  Each warpgroup writes its dS^T to shared memory (``ds_smem``;
-    ``ds_bars``: [0] both are written, [1] both products have read them), wgmma reads
-    both transposed as its A operand against the matching K halves, and the fp32 product
-    (staged in ``dq_smem``) is added into dQ's fp32 accumulator in global memory by TMA;
-    rows past ``seqlen_q`` are dropped by the descriptor's bounds.  Summing the two
-    warpgroups' keys before the reduction halves its traffic (per warpgroup and its own
-    keys it measured 0.86x the deterministic backward at 4k, Triton 3.9.0).  The order
-    of those additions varies run to run: this path is the non-deterministic one."""
+    them in flight under it measured 4-15% slower at d = 256 (bench/NOTES.md B21)."""
     dtype: gl.constexpr = q_smem.dtype
     KEYS: gl.constexpr = k_wg.shape[0]
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     s_zero = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=s_layout)
-    if FUSE_DQ:
-        gl.static_assert(FORM_DK, "dQ is fused into a launch that forms dS (dK's)")
-        DQ_COLS: gl.constexpr = dq_desc.block_type.shape[3]
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DQ_COLS, 16])
     # One loop over (tile, head) steps: nested loops kept more values live across the
     # outer step and spilled them (Triton 3.6.0, compiled here).
     last = m_lo + (gl.cdiv(m_hi - m_lo, BLOCK_M) - 1) * BLOCK_M
@@ -175,37 +149,9 @@ def _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem, ready
             # costs the kernel 10-193 spilled registers on Triton 3.6.0 (compile test),
             # so a NaN row (D = NaN) can also reach the dK of keys it never saw
             # (docs/reliability.md).
-            ds_op = ds_t.to(dtype)
-            dk = warpgroup_mma(gl.convert_layout(ds_op, p_layout), q_tile, dk, is_async=True)
-            if FUSE_DQ:
-                mbarrier.wait(ds_bars.index(1), (ring & 1) ^ 1)
-                ds_smem.index(WG).store(ds_op)
-                fence_async_shared()
-                partition_barrier()  # every thread's part stored before the arrival
-                mbarrier.arrive(ds_bars.index(0), count=1)
-        if FUSE_DQ:
-            # dV and dK first: their register operands (P^T, dS^T) are free before dQ's
-            # accumulator is (issued under them, the tile spilled).
-            dv, dk, _, _ = warpgroup_mma_wait(num_outstanding=0,
-                                              deps=(dv, dk, q_tile, do_tile))
-            mbarrier.wait(ds_bars.index(0), ring & 1)
-            dq = warpgroup_mma(ds_smem.index(0).permute((1, 0)),
-                               k_smem.index(0).slice(WG * DQ_COLS, DQ_COLS, dim=1),
-                               gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout),
-                               use_acc=False, is_async=True)
-            dq = warpgroup_mma(ds_smem.index(1).permute((1, 0)),
-                               k_smem.index(1).slice(WG * DQ_COLS, DQ_COLS, dim=1), dq,
+            dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), p_layout), q_tile, dk,
                                is_async=True)
-            dq, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_smem, k_smem))
-            mbarrier.arrive(ds_bars.index(1), count=1)
-            # The previous tile's reduction has read the staging tile before it is reused.
-            tma.store_wait(0)
-            staging = dq_smem.index(WG)
-            staging.store(dq)
-            fence_async_shared()
-            tma_atomic_add_box(dq_desc, [off_b, first_head + step % heads, start_m,
-                                         WG * DQ_COLS], staging)
-        elif FORM_DK and FORM_DV:
+        if FORM_DK and FORM_DV:
             dv, dk, _, _ = warpgroup_mma_wait(num_outstanding=0,
                                               deps=(dv, dk, q_tile, do_tile))
         elif FORM_DK:
@@ -297,14 +243,12 @@ def _store_grads(DK, DV, dk, dv, off_b, off_hk, key0, seqlen_k, scale, stride_dk
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
-              kv_ready, ready, empty, ds_bars, dq_desc,
+def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
               DK, DV, PARTIALS, ARRIVALS, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
               stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
               num_kv_blocks, block_major, qk_scale, scale, WG: gl.constexpr,
               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-              FORM_DK: gl.constexpr, FORM_DV: gl.constexpr, HEAD_SPLIT: gl.constexpr,
-              FUSE_DQ: gl.constexpr):
+              FORM_DK: gl.constexpr, FORM_DV: gl.constexpr, HEAD_SPLIT: gl.constexpr):
     """Consumer warpgroup ``WG``: keys [64 WG, 64 WG + 64) of the block, their dK and/or
     dV (``FORM_DK``, ``FORM_DV``) over this program's query heads.  With ``HEAD_SPLIT``
     = 2 the other program of the unit holds the other heads' sums: each stores its fp32
@@ -327,7 +271,6 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq
     m_lo, m_full = _query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M, 2 * KEYS, IS_CAUSAL)
     diag_offset = seqlen_k - seqlen_q
     heads = group_size // HEAD_SPLIT
-    first_head = off_hk * group_size + part * heads
     k_wg = k_smem.index(WG)
     v_wg = v_smem.index(WG)
     mbarrier.wait(kv_ready, 0)
@@ -339,17 +282,13 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq
     # The tiles come in the producer's order (``_producer``); the ring carries them.
     dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem, delta_smem,
                                ready, empty, offs_n, m_full, seqlen_q, heads, ring,
-                               diag_offset, qk_scale, k_smem, ds_smem, ds_bars, dq_smem,
-                               dq_desc, off_b, first_head, WG, BLOCK_M, STAGES, False, FORM_DK, FORM_DV,
-                               FUSE_DQ, s_layout, p_layout, acc_layout)
+                               diag_offset, qk_scale, BLOCK_M, STAGES, False, FORM_DK,
+                               FORM_DV, s_layout, p_layout)
     if IS_CAUSAL:
         dk, dv, ring = _dkdv_tiles(dk, dv, k_wg, v_wg, q_smem, do_smem, lse_smem,
                                    delta_smem, ready, empty, offs_n, m_lo, m_full, heads,
-                                   ring, diag_offset, qk_scale, k_smem, ds_smem, ds_bars,
-                                   dq_smem, dq_desc, off_b, first_head, WG, BLOCK_M, STAGES, True, FORM_DK,
-                                   FORM_DV, FUSE_DQ, s_layout, p_layout, acc_layout)
-    if FUSE_DQ:
-        tma.store_wait(0)  # the last reduction has read its staging tile
+                                   ring, diag_offset, qk_scale, BLOCK_M, STAGES, True,
+                                   FORM_DK, FORM_DV, s_layout, p_layout)
     if HEAD_SPLIT == 1:
         every_row = gl.full([KEYS, 1], 1, gl.int1, layout=acc_layout)
         _store_grads(DK, DV, dk, dv, off_b, off_hk, key0, seqlen_k, scale, stride_dkb,
@@ -475,96 +414,9 @@ def _producer(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_s
                            ring, tile_bytes, BLOCK_M, STAGES, FORM_DK)
 
 
-@gluon.jit
-def _dkdv_program(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc,
-                  DK, DV, PARTIALS, ARRIVALS,
-                  stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                  num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks, block_major,
-                  qk_scale, scale,
-                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr, FORM_DV: gl.constexpr,
-                  HEAD_SPLIT: gl.constexpr, FUSE_DQ: gl.constexpr,
-                  PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                  num_warps: gl.constexpr):
-    """One program of either kernel below: the shared memory, the barriers and the three
-    partitions."""
-    dtype: gl.constexpr = DK.dtype.element_ty
-    KEYS: gl.constexpr = _KEYS
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HEAD_DIM], dtype)
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
-    k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
-    # One plain row per slot: the unswizzled bytes the TMA box [1, 1, BLOCK_M] writes.
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], ROW_RING_LAYOUT)
-    # dP = V dO^T and D are dK's alone: a dV-only launch names K's and LSE's buffers
-    # for them and never reads them (its shared memory is then 2 x 64 x d x 2 B smaller).
-    if FORM_DK:
-        v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
-        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M],
-                                               ROW_RING_LAYOUT)
-    else:
-        v_smem = k_smem
-        delta_smem = lse_smem
-    # The fused dQ's dS^T per warpgroup and its fp32 product's staging tile for TMA;
-    # unfused, K's buffer stands for both, never read.
-    if FUSE_DQ:
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], dtype)
-        DQ_COLS: gl.constexpr = dq_desc.block_type.shape[3]
-        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS],
-                                                                       gl.float32)
-        ds_smem = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_layout)
-        ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(ds_bars.index(i), count=2)  # one arrival per warpgroup
-    else:
-        ds_smem = k_smem
-        dq_smem = k_smem
-        ds_bars = k_smem
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    for ring in gl.static_range(STAGES):
-        mbarrier.init(ready.index(ring), count=1)
-        mbarrier.init(empty.index(ring), count=2)  # released by both warpgroups
-
-    gl.warp_specialize([
-        # The default partition is consumer warpgroup 0, the first worker warpgroup 1.
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
-                     kv_ready, ready, empty, ds_bars, dq_desc, DK, DV, PARTIALS, ARRIVALS, stride_dkb,
-                     stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_kv_heads,
-                     group_size, seqlen_q, seqlen_k, num_kv_blocks, block_major, qk_scale,
-                     scale, 0, BLOCK_M, STAGES, IS_CAUSAL, FORM_DK, FORM_DV, HEAD_SPLIT,
-                     FUSE_DQ)),
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
-                     kv_ready, ready, empty, ds_bars, dq_desc, DK, DV, PARTIALS, ARRIVALS, stride_dkb,
-                     stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, num_kv_heads,
-                     group_size, seqlen_q, seqlen_k, num_kv_blocks, block_major, qk_scale,
-                     scale, 1, BLOCK_M, STAGES, IS_CAUSAL, FORM_DK, FORM_DV, HEAD_SPLIT,
-                     FUSE_DQ)),
-        (_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
-                     q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
-                     num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks,
-                     block_major, BLOCK_M, STAGES, IS_CAUSAL, FORM_DK, HEAD_SPLIT)),
-    ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
-
-    mbarrier.invalidate(kv_ready)
-    if FUSE_DQ:
-        for i in gl.static_range(2):
-            mbarrier.invalidate(ds_bars.index(i))
-    for ring in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(ring))
-        mbarrier.invalidate(empty.index(ring))
-
-
 # Lengths and head counts change per call; specialising on them would multiply compiles.
-_RUNTIME_SIZES = ["num_kv_heads", "group_size", "seqlen_q", "seqlen_k", "num_kv_blocks",
-                  "block_major"]
-
-
-@gluon.jit(do_not_specialize=_RUNTIME_SIZES)
+@gluon.jit(do_not_specialize=["num_kv_heads", "group_size", "seqlen_q", "seqlen_k",
+                              "num_kv_blocks", "block_major"])
 def _attn_bwd_dkdv_sm90(
     # TMA descriptors (host-built, 4-D: batch, head, sequence, head dim)
     k_desc, v_desc, q_desc, do_desc,
@@ -585,37 +437,54 @@ def _attn_bwd_dkdv_sm90(
     HEAD_SPLIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    # dQ's descriptor is never read unfused: Q's stands in.
-    _dkdv_program(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, q_desc, DK, DV,
-                  PARTIALS, ARRIVALS, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
-                  stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
-                  num_kv_blocks, block_major, qk_scale, scale, HEAD_DIM, BLOCK_M, STAGES,
-                  IS_CAUSAL, FORM_DK, FORM_DV, HEAD_SPLIT, False, PRODUCER_REGS,
-                  CONSUMER_REGS, num_warps)
+    dtype: gl.constexpr = DK.dtype.element_ty
+    KEYS: gl.constexpr = _KEYS
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HEAD_DIM], dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    # One plain row per slot: the unswizzled bytes the TMA box [1, 1, BLOCK_M] writes.
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], ROW_RING_LAYOUT)
+    # dP = V dO^T and D are dK's alone: a dV-only launch names K's and LSE's buffers
+    # for them and never reads them (its shared memory is then 2 x 64 x d x 2 B smaller).
+    if FORM_DK:
+        v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], kv_layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M],
+                                               ROW_RING_LAYOUT)
+    else:
+        v_smem = k_smem
+        delta_smem = lse_smem
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for ring in gl.static_range(STAGES):
+        mbarrier.init(ready.index(ring), count=1)
+        mbarrier.init(empty.index(ring), count=2)  # released by both warpgroups
 
+    gl.warp_specialize([
+        # The default partition is consumer warpgroup 0, the first worker warpgroup 1.
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
+                     empty, DK, DV, PARTIALS, ARRIVALS, stride_dkb, stride_dkh, stride_dkn,
+                     stride_dvb, stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q,
+                     seqlen_k, num_kv_blocks, block_major, qk_scale, scale, 0, BLOCK_M,
+                     STAGES, IS_CAUSAL, FORM_DK, FORM_DV, HEAD_SPLIT)),
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready,
+                     empty, DK, DV, PARTIALS, ARRIVALS, stride_dkb, stride_dkh, stride_dkn,
+                     stride_dvb, stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q,
+                     seqlen_k, num_kv_blocks, block_major, qk_scale, scale, 1, BLOCK_M,
+                     STAGES, IS_CAUSAL, FORM_DK, FORM_DV, HEAD_SPLIT)),
+        (_producer, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
+                     q_smem, do_smem, lse_smem, delta_smem, kv_ready, ready, empty,
+                     num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks,
+                     block_major, BLOCK_M, STAGES, IS_CAUSAL, FORM_DK, HEAD_SPLIT)),
+    ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
-@gluon.jit(do_not_specialize=_RUNTIME_SIZES)
-def _attn_bwd_dkdvdq_sm90(
-    k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc,
-    # TMA descriptor of dQ's fp32 accumulator (4-D as Q's; zero before the launch)
-    dq_desc,
-    DK, DV, PARTIALS, ARRIVALS,
-    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-    num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks, block_major,
-    qk_scale, scale,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    IS_CAUSAL: gl.constexpr, FORM_DK: gl.constexpr, FORM_DV: gl.constexpr,
-    HEAD_SPLIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    num_warps: gl.constexpr,
-):
-    """``_attn_bwd_dkdv_sm90`` that also adds dS K into dQ's fp32 accumulator (unscaled:
-    the caller multiplies by the softmax scale as it converts dQ to q's dtype)."""
-    _dkdv_program(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc, DK, DV,
-                  PARTIALS, ARRIVALS, stride_dkb, stride_dkh, stride_dkn, stride_dvb,
-                  stride_dvh, stride_dvn, num_kv_heads, group_size, seqlen_q, seqlen_k,
-                  num_kv_blocks, block_major, qk_scale, scale, HEAD_DIM, BLOCK_M, STAGES,
-                  IS_CAUSAL, FORM_DK, FORM_DV, HEAD_SPLIT, True, PRODUCER_REGS,
-                  CONSUMER_REGS, num_warps)
+    mbarrier.invalidate(kv_ready)
+    for ring in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(ring))
+        mbarrier.invalidate(empty.index(ring))
 
 
 # ---------------------------------------------------------------------------
@@ -633,9 +502,6 @@ class Sm90BackwardConfig:
     # query tiles than the dK launch's.  0: the same tiles as the dK launch.
     dv_block_m: int = 0
     dv_stages: int = 0
-    # dQ formed here too, added by TMA into an fp32 accumulator (``_attn_bwd_dkdvdq_sm90``),
-    # instead of by the dQ kernel: the backward's non-deterministic variant.
-    fuse_dq: bool = False
 
     def __post_init__(self) -> None:
         for field, value in (("block_m", self.block_m), ("dv_block_m", self.dv_block_m)):
@@ -653,17 +519,14 @@ class Sm90BackwardConfig:
         """One token for records: sm90bwd[m64,s2,r24], plus ",v64x2" where the dV launch
         has tiles of its own."""
         flags = f",v{self.dv_block_m}x{self.dv_stages}" if self.dv_block_m else ""
-        flags += ",dq" if self.fuse_dq else ""
         return f"sm90bwd[m{self.block_m},s{self.stages},r{self.producer_regs}{flags}]"
 
     @classmethod
     def from_name(cls, name: str) -> Sm90BackwardConfig:
-        match = re.fullmatch(r"sm90bwd\[m(\d+),s(\d+),r(\d+)(?:,v(\d+)x(\d+))?(,dq)?\]",
-                             name)
+        match = re.fullmatch(r"sm90bwd\[m(\d+),s(\d+),r(\d+)(?:,v(\d+)x(\d+))?\]", name)
         if match is None:
             raise ValueError(f"not an sm90 backward config name: {name!r}")
-        *sizes, fused = match.groups()
-        return cls(*(int(g or 0) for g in sizes), fuse_dq=fused is not None)
+        return cls(*(int(g or 0) for g in match.groups()))
 
     def launches(self, head_dim: int) -> tuple[tuple[bool, bool, int, int], ...]:
         """(FORM_DK, FORM_DV, block_m, stages) of each launch at this head dim: at a
@@ -688,22 +551,18 @@ DEFAULT_CONFIGS = {
 
 
 def launch_shared_memory_bytes(head_dim: int, form_dk: bool, block_m: int, stages: int,
-                               itemsize: int = 2, fuse_dq: bool = False) -> int:
+                               itemsize: int = 2) -> int:
     """The K (and V) block + the Q/dO ring + the fp32 LSE (and D) ring + barriers and
-    slack: what one CTA of one launch allocates (V and D only where it forms dK), and for
-    a fused dQ each warpgroup's dS^T tile, its half of the fp32 dQ staging tile and two
-    barriers."""
+    slack: what one CTA of one launch allocates (V and D only where it forms dK)."""
     blocks = (2 if form_dk else 1) * BLOCK_N * head_dim
     tiles = blocks + 2 * stages * block_m * head_dim
     rows = (2 if form_dk else 1) * stages * block_m * 4
-    fused = (BLOCK_N * block_m * itemsize + block_m * head_dim * 4 + 16) if fuse_dq else 0
-    return tiles * itemsize + rows + fused + 8 * (1 + 2 * stages) + 512
+    return tiles * itemsize + rows + 8 * (1 + 2 * stages) + 512
 
 
 def shared_memory_bytes(head_dim: int, config: Sm90BackwardConfig, itemsize: int = 2) -> int:
     """What one CTA allocates in the largest of the config's launches."""
-    return max(launch_shared_memory_bytes(head_dim, form_dk, block_m, stages, itemsize,
-                                          config.fuse_dq)
+    return max(launch_shared_memory_bytes(head_dim, form_dk, block_m, stages, itemsize)
                for form_dk, _, block_m, stages in config.launches(head_dim))
 
 
@@ -723,15 +582,6 @@ def refusal(*, capability: tuple[int, int] | None, dtype: torch.dtype,
     if reason is not None:
         return reason
     config = config or DEFAULT_CONFIGS[head_dim]
-    if config.fuse_dq:
-        if head_dim not in FUSED_DQ_HEAD_DIMS:
-            return (f"fuse_dq is built for head_dim {FUSED_DQ_HEAD_DIMS} (each warpgroup "
-                    f"forms 64 of dQ's columns; dK and dV in one launch), got {head_dim}")
-        if config.block_m != 64:
-            return f"fuse_dq needs block_m 64 (wgmma's M for dQ's rows), got {config.block_m}"
-        reason = tma_atomic_add_refusal()
-        if reason is not None:
-            return reason
     return shared_memory_refusal(config, shared_memory_bytes(head_dim, config), head_dim)
 
 
@@ -772,8 +622,7 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     order of ``schedule`` (a ``dispatch.BackwardSchedule``; None: head by head, unsplit).
     Called as ``planned((k, v, q, dout, lse_log2, delta), (dk, dv))``: dK, dV, LSE·log2 e
     and D must be fresh contiguous allocations, the last two (batch, heads,
-    ``padded_seqlen``).  A ``fuse_dq`` config's bases end with dQ's accumulator: a zeroed
-    contiguous fp32 tensor of q's shape, to which the launch adds dS K (unscaled)."""
+    ``padded_seqlen``)."""
     inputs = AttentionInputs.read(q, k, k, layout)
     batch, seqlen_q, num_heads, head_dim = (inputs.batch, inputs.seqlen_q, inputs.heads,
                                             inputs.head_dim)
@@ -792,7 +641,6 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     out_strides = 2 * layout_named(layout).bhs_strides(torch.empty(k.shape, device="meta"))
     rows = torch.empty((batch, num_heads, padded_seqlen(seqlen_q)), dtype=torch.float32,
                        device="meta")
-    dq_accumulator = torch.empty(q.shape, dtype=torch.float32, device="meta")
     static = (*out_strides,
               num_kv_heads, group_size, seqlen_q, seqlen_k, num_kv_blocks, int(block_major),
               scale * LOG2E, scale)
@@ -807,16 +655,12 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
                        PlannedDescriptor(q, descriptor_parts(q, layout, block_m)),
                        PlannedDescriptor(dout, descriptor_parts(dout, layout, block_m)),
                        row_descriptor, row_descriptor)  # LSE·log2 e and D
-        if config.fuse_dq:
-            descriptors += (PlannedDescriptor(dq_accumulator, dq_descriptor_parts(
-                dq_accumulator, layout, block_m)),)
         # dK and dV are fresh allocations (16-byte aligned).
         key = (config, causal, *launch[:2], head_split, head_dim, q.dtype, q.device,
                tuple(int_class(s) for s in out_strides),
                max(seqlen_q, seqlen_k, num_kv_blocks, grid[0]) < 2**31)
         launches.append(PlannedGluonLaunch(
-            _COMPILED, _attn_bwd_dkdvdq_sm90 if config.fuse_dq else _attn_bwd_dkdv_sm90,
-            grid, descriptors, static,
+            _COMPILED, _attn_bwd_dkdv_sm90, grid, descriptors, static,
             _constexprs(head_dim, causal, config, launch, head_split), key, MAXNREG))
     if head_split == 1:
         return PlannedLaunches(tuple(launches))
@@ -826,14 +670,6 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.T
     return PlannedLaunches(tuple(launches), partials=units * 2 * head_split * grads
                            * KEYS_PER_WARPGROUP * head_dim,
                            arrivals=units * 2 * KEYS_PER_WARPGROUP // 8)
-
-
-def dq_descriptor_parts(accumulator: torch.Tensor, layout: str, block_m: int) -> tuple:
-    """The fused dQ accumulator's TMA descriptor: Q's, in fp32, with a box of ``block_m``
-    rows by half the head dim (each warpgroup reduces its half of the columns)."""
-    shape, strides, box, _ = descriptor_parts(accumulator, layout, block_m)
-    box = [*box[:3], box[3] // 2]
-    return shape, strides, box, box_layout(tuple(box), accumulator.dtype)
 
 
 def _constexprs(head_dim: int, causal: bool, config: Sm90BackwardConfig, launch: tuple,
@@ -880,11 +716,8 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
     row_type = mangle_type(TensorDescriptor(rows, *row_stat_descriptor_parts(rows, 256,
                                                                              block_m)))
     signature = {"k_desc": kv_type, "v_desc": kv_type, "q_desc": q_type, "do_desc": q_type,
-                 "lse_desc": row_type, "delta_desc": row_type}
-    if config.fuse_dq:
-        signature["dq_desc"] = mangle_type(TensorDescriptor(
-            example.float(), *dq_descriptor_parts(example.float(), "bshd", block_m)))
-    signature.update(DK=f"*{dtype}", DV=f"*{dtype}", PARTIALS="*fp32", ARRIVALS="*i32")
+                 "lse_desc": row_type, "delta_desc": row_type,
+                 "DK": f"*{dtype}", "DV": f"*{dtype}", "PARTIALS": "*fp32", "ARRIVALS": "*i32"}
     strides = ("stride_dkb", "stride_dkh", "stride_dkn", "stride_dvb", "stride_dvh",
                "stride_dvn")
     for name in (*strides, "num_kv_heads", "group_size", "seqlen_q", "seqlen_k",
@@ -892,8 +725,7 @@ def compile_for_sm90(head_dim: int, config: Sm90BackwardConfig | None = None, *,
         signature[name] = "i32"
     signature.update(qk_scale="fp32", scale="fp32")
     constants = _constexprs(head_dim, causal, config, forms[form], head_split)
-    kernel = _attn_bwd_dkdvdq_sm90 if config.fuse_dq else _attn_bwd_dkdv_sm90
-    return compile_sm90(kernel, signature, constants,
+    return compile_sm90(_attn_bwd_dkdv_sm90, signature, constants,
                         ("DK", "DV", "PARTIALS", "ARRIVALS", *strides), MAXNREG)
 
 

@@ -89,10 +89,6 @@ FORWARD_SM90 = GluonKernel("attnlab.kernels.forward_sm90", "sm90_dispatch.json",
 DKDV_SM90 = GluonKernel("attnlab.kernels.backward_sm90", "sm90_backward_dispatch.json",
                         "Sm90BackwardConfig")
 DQ_SM90 = GluonKernel("attnlab.kernels.dq_sm90", "sm90_dq_dispatch.json", "Sm90DqConfig")
-# The dK/dV kernel that also adds dQ (``fuse_dq``; Triton 3.8+), where it measured faster
-# than the deterministic backward: asked only for calls that allow atomics.
-DKDV_FUSED_SM90 = GluonKernel("attnlab.kernels.backward_sm90", "sm90_fused_dispatch.json",
-                              "Sm90BackwardConfig")
 # Read once per process; table_override() swaps one in for a measurement.
 _TABLES: dict[GluonKernel, dict] = {}
 
@@ -129,20 +125,12 @@ def forward_config(q, k, v, *, layout: str, causal: bool, window, softcap: float
 
 
 def dkdv_config(q, k, v, dout, *, layout: str, causal: bool, window, softcap: float,
-                requested=None, use_table: bool = True, deterministic: bool = True):
+                requested=None, use_table: bool = True):
     """(the Gluon dK/dV kernel's config, whether dO must be copied for it, the dO it
     reads) when that kernel computes this call's dK, dV, else None: the Triton kernel does.
 
     ``requested`` (an ``Sm90BackwardConfig``) forces it, and a call it cannot compute is
-    then a ValueError naming why; otherwise (``use_table``) the committed tables decide:
-    without ``deterministic``, first the fused-dQ table (a config with ``fuse_dq``, where
-    this Triton can build it), then the dK/dV table."""
-    if requested is None and use_table and not deterministic:
-        fused = _backward_gluon_config(DKDV_FUSED_SM90, "dkdv_sm90", q, k, v, dout,
-                                       layout=layout, causal=causal, window=window,
-                                       softcap=softcap, requested=None, use_table=True)
-        if fused is not None:
-            return fused
+    then a ValueError naming why; otherwise (``use_table``) the committed table decides."""
     return _backward_gluon_config(DKDV_SM90, "dkdv_sm90", q, k, v, dout, layout=layout,
                                   causal=causal, window=window, softcap=softcap,
                                   requested=requested, use_table=use_table)
