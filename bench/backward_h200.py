@@ -498,6 +498,55 @@ def phase_dq(ctx) -> None:
 
 
 # ---------------------------------------------------------------------------
+# The Gluon dK/dV launch's program order at the seed's layer: every schedule forced in
+# turn (NOTES B25: at 16k the default head-by-head order re-reads rows ~25x from DRAM).
+SCHEDULE_SHAPES = [AttentionShape(batch=1, query_heads=24, kv_heads=4, seqlen_q=n, seqlen_k=n,
+                                  head_dim=256, dtype="bf16", causal=True)
+                   for n in (16384, 8192, 4096, 32768)]
+
+
+def schedule_plan(args) -> list[AttentionShape]:
+    return [s for s in SCHEDULE_SHAPES if shape_selected(s, args.shapes)]
+
+
+def phase_schedule(ctx) -> None:
+    """The backward's median ms with each ``dispatch.BackwardSchedule`` forced on the Gluon
+    dK/dV launches (``dispatch.dkdv_schedule`` replaced, plans rebuilt), beside the one the
+    dispatcher picks; rows into dkdv_schedule.jsonl."""
+    from attnlab.kernels import backward, dispatch
+
+    path = "dkdv_schedule.jsonl"
+    choose, lines = dispatch.dkdv_schedule, []
+    schedules = [dispatch.BackwardSchedule(major, split) for split in (1, 2)
+                 for major in (False, True)]
+    try:
+        for shape in ctx.within_budget(ctx.plan):
+            q, k, v, dout = make_inputs(shape.batch, shape.query_heads, shape.kv_heads,
+                                        shape.seqlen_q, shape.seqlen_k, shape.head_dim,
+                                        torch.bfloat16)
+            out, lse = flash_forward(q, k, v, layout="bshd", scale=shape.softmax_scale,
+                                     causal=True)
+            timed = {}
+            for schedule in [None, *schedules]:
+                backward._PLANS.plans.clear()
+                dispatch.dkdv_schedule = choose if schedule is None else (
+                    lambda schedule=schedule, **_: schedule)
+                name = "dispatch" if schedule is None else (
+                    f"{'block' if schedule.block_major else 'head'}-major x{schedule.head_split}")
+                timed[name] = time_backward(q, k, v, dout, out, lse, None, True)
+                ctx.append_row(path, {"what": "dkdv_schedule_time", "schedule": name,
+                                      "shape": shape.as_dict(), "p50_ms": timed[name],
+                                      **ctx.env})
+            lines.append(f"{shape.describe()}: backward ms " + ", ".join(
+                f"{n} {ms:.3f}" for n, ms in timed.items()))
+            print(lines[-1], flush=True)
+    finally:
+        dispatch.dkdv_schedule = choose
+        backward._PLANS.plans.clear()
+    print("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------
 def bench_shapes(quick: bool) -> list[AttentionShape]:
     """The fwd+bwd table's shapes (--quick: four of them)."""
     shapes = []
@@ -941,6 +990,7 @@ bench.phase("ncu", default=False, cap_s=60.0,
 bench.phase("correct", cap_s=45.0, plan=correctness_cases)(phase_correct)
 bench.phase("sm90", default=False, cap_s=200.0, plan=sm90_plan)(phase_sm90)
 bench.phase("dq", default=False, cap_s=200.0, plan=dq_plan)(phase_dq)
+bench.phase("schedule", default=False, cap_s=200.0, plan=schedule_plan)(phase_schedule)
 bench.phase("tune", cap_s=90.0, plan=tune_plan)(phase_tune)
 bench.phase("bench", cap_s=150.0, plan=bench_plan)(phase_bench)
 bench.finish(print_table)
