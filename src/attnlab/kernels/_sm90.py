@@ -110,6 +110,21 @@ def backward_refusal(kernel: str, supported_head_dims: tuple[int, ...], *,
     return None
 
 
+def sized_backward_refusal(kernel: str, supported_head_dims: tuple[int, ...],
+                           default_configs: dict, shared_memory_bytes, config,
+                           **call) -> str | None:
+    """A Gluon backward kernel's ``refusal``: ``backward_refusal``'s reasons for the
+    call's facts (``call``: capability, dtype, head_dim, window, softcap, layout,
+    aligned), then whether ``config`` (default: the head dim's) fits in shared memory
+    (``shared_memory_bytes(head_dim, config)``)."""
+    reason = backward_refusal(kernel, supported_head_dims, **call)
+    if reason is not None:
+        return reason
+    head_dim = call["head_dim"]
+    config = config or default_configs[head_dim]
+    return shared_memory_refusal(config, shared_memory_bytes(head_dim, config), head_dim)
+
+
 def backward_supports(refusal, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       dout: torch.Tensor, *, layout: str, window: tuple[int, int],
                       softcap: float, config) -> tuple[bool, str]:

@@ -62,7 +62,6 @@ from attnlab.kernels._sm90 import (
     ROW_RING_LAYOUT,
     PlannedDescriptor,
     PlannedGluonLaunch,
-    backward_refusal,
     backward_supports,
     check_producer_regs,
     code_evidence,
@@ -72,7 +71,7 @@ from attnlab.kernels._sm90 import (
     launch_maxnreg,
     row_slot,
     row_stat_descriptor_parts,
-    shared_memory_refusal,
+    sized_backward_refusal,
     tma_load_box,
 )
 
@@ -572,17 +571,11 @@ def padded_seqlen(seqlen_q: int) -> int:
     return triton.cdiv(seqlen_q, 4) * 4
 
 
-def refusal(*, capability: tuple[int, int] | None, dtype: torch.dtype,
-            head_dim: int, window: tuple[int, int], softcap: float, layout: str,
-            aligned: bool, config: Sm90BackwardConfig | None = None) -> str | None:
-    """Why this kernel must not compute a call's dK, dV, or None when it may."""
-    reason = backward_refusal("dK/dV", SUPPORTED_HEAD_DIMS, capability=capability,
-                              dtype=dtype, head_dim=head_dim, window=window, softcap=softcap,
-                              layout=layout, aligned=aligned)
-    if reason is not None:
-        return reason
-    config = config or DEFAULT_CONFIGS[head_dim]
-    return shared_memory_refusal(config, shared_memory_bytes(head_dim, config), head_dim)
+def refusal(*, config: Sm90BackwardConfig | None = None, **call) -> str | None:
+    """Why this kernel must not compute a call's dK, dV (``call``: capability, dtype,
+    head_dim, window, softcap, layout, aligned), or None when it may."""
+    return sized_backward_refusal("dK/dV", SUPPORTED_HEAD_DIMS, DEFAULT_CONFIGS,
+                                  shared_memory_bytes, config, **call)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,

@@ -52,7 +52,6 @@ from attnlab.kernels._primitives import LOG2E
 from attnlab.kernels._sm90 import (
     PlannedDescriptor,
     PlannedGluonLaunch,
-    backward_refusal,
     backward_supports,
     check_producer_regs,
     code_evidence,
@@ -60,7 +59,7 @@ from attnlab.kernels._sm90 import (
     descriptor,
     descriptor_parts,
     launch_maxnreg,
-    shared_memory_refusal,
+    sized_backward_refusal,
     tma_load_box,
 )
 
@@ -392,17 +391,11 @@ def shared_memory_bytes(head_dim: int, config: Sm90DqConfig, itemsize: int = 2) 
     return tiles * itemsize + 8 * (2 + 2 * config.stages) + 1024
 
 
-def refusal(*, capability: tuple[int, int] | None, dtype: torch.dtype,
-            head_dim: int, window: tuple[int, int], softcap: float, layout: str,
-            aligned: bool, config: Sm90DqConfig | None = None) -> str | None:
-    """Why this kernel must not compute a call's dQ, or None when it may."""
-    reason = backward_refusal("dQ", SUPPORTED_HEAD_DIMS, capability=capability,
-                              dtype=dtype, head_dim=head_dim, window=window, softcap=softcap,
-                              layout=layout, aligned=aligned)
-    if reason is not None:
-        return reason
-    config = config or DEFAULT_CONFIGS[head_dim]
-    return shared_memory_refusal(config, shared_memory_bytes(head_dim, config), head_dim)
+def refusal(*, config: Sm90DqConfig | None = None, **call) -> str | None:
+    """Why this kernel must not compute a call's dQ (``call``: capability, dtype,
+    head_dim, window, softcap, layout, aligned), or None when it may."""
+    return sized_backward_refusal("dQ", SUPPORTED_HEAD_DIMS, DEFAULT_CONFIGS,
+                                  shared_memory_bytes, config, **call)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, *,
