@@ -51,7 +51,7 @@ import torch
 import attnlab
 import attnlab.flash_attn_interface as fa3
 from attnlab.accuracy import check_fp8_accuracy, check_fp8_cache_accuracy
-from attnlab.kernels.configs import DecodeConfig, ForwardConfig, decode_config
+from attnlab.kernels.configs import DecodeConfig, ForwardConfig, decode_config, fp8_forward_config
 from attnlab.kernels.decode import flash_decode
 from attnlab.kernels.dispatch import sm_count
 from attnlab.kernels.forward import flash_forward_fp8
@@ -271,24 +271,35 @@ def prefill_grid(args) -> list[AttentionShape]:
             for n in (4096, 8192, 16384) for causal in (False, True)]
 
 
-def prefill_calls(shape: AttentionShape, config: ForwardConfig | None = None):
+def prefill_calls(shape: AttentionShape, config=None):
+    """(provider, call, inputs): attnlab's bf16 forward, the FP8 forward as dispatched (the
+    Gluon kernel on Hopper), and the FP8 forward forced onto the Triton kernel (its tiles,
+    or ``config``'s where it is a ForwardConfig; an Sm90Config forces the Gluon kernel's)."""
     b, n, h, d = shape.batch, shape.seqlen_q, shape.query_heads, shape.head_dim
     q, k, v = (randn(b, n, h, d, seed=s) for s in (21, 22, 23))
     (q8, qd), (k8, kd), (v8, vd) = (quantize_per_head(t) for t in (q, k, v))
     causal = shape.causal
+    triton_config = config if isinstance(config, ForwardConfig) else fp8_forward_config(d, causal)
 
     def bf16(q, k, v):
         return attnlab.flash_attn_func(q, k, v, causal=causal)
 
     def fp8(q, k, v, qd, kd, vd):
-        if config is not None:
-            return flash_forward_fp8(q, k, v, qd, kd, vd, scale=shape.softmax_scale,
-                                     causal=causal, config=config)[0]
+        if config is not None and not isinstance(config, ForwardConfig):
+            from attnlab.kernels.forward_sm90 import flash_forward_fp8_sm90
+
+            return flash_forward_fp8_sm90(q, k, v, qd, kd, vd, scale=shape.softmax_scale,
+                                          causal=causal, config=config)[0]
         return fa3.flash_attn_func(q, k, v, causal=causal, q_descale=qd, k_descale=kd,
                                    v_descale=vd)
 
+    def fp8_triton(q, k, v, qd, kd, vd):
+        return flash_forward_fp8(q, k, v, qd, kd, vd, scale=shape.softmax_scale,
+                                 causal=causal, config=triton_config)[0]
+
     return [("attnlab_forward_bf16", bf16, (q, k, v)),
-            ("attnlab_forward_fp8", fp8, (q8, k8, v8, qd, kd, vd))]
+            ("attnlab_forward_fp8", fp8, (q8, k8, v8, qd, kd, vd)),
+            ("attnlab_forward_fp8_triton", fp8_triton, (q8, k8, v8, qd, kd, vd))]
 
 
 @bench.phase("prefill", cap_s=30.0, plan=prefill_grid)
@@ -334,12 +345,41 @@ def tuning(ctx) -> None:
     for causal in (False, True):
         shape = prefill_grid(ctx.args)[2 + causal]
         for config in ctx.within_budget(PREFILL_TUNE, label=str):
-            name = (f"attnlab_forward_fp8[{config.block_m}x{config.block_n},"
+            name = (f"attnlab_forward_fp8_triton[{config.block_m}x{config.block_n},"
                     f"warps={config.num_warps},stages={config.num_stages}]")
-            _, fn, inputs = prefill_calls(shape, config)[1]
+            _, fn, inputs = prefill_calls(shape, config)[2]
             out.append(measure(ctx, name, shape, "prefill", fn, inputs,
                                flops=flop_model.conventional_attention_flops(shape)))
         ctx.upsert("fp8_tuning.jsonl", out)
+
+
+def sm90_fp8_candidates() -> list:
+    from attnlab.kernels.forward_sm90 import Sm90Config
+
+    return [Sm90Config(block_n, stages, schedule=schedule, store="vector")
+            for block_n in (64, 128) for stages in (2, 3) for schedule in ("split", "pingpong")]
+
+
+@bench.phase("sm90", default=False, cap_s=120.0)
+def sm90_sweep(ctx) -> None:
+    """The Gluon FP8 forward's configs (d = 128, 4k and 16k, causal and not) beside the bf16
+    forward and the Triton FP8 kernel (accuracy: tests/test_fp8.py's GPU tests)."""
+    from attnlab.kernels.forward_sm90 import supports_fp8
+
+    out, shapes = [], [s for s in prefill_grid(ctx.args) if s.seqlen_q in (4096, 16384)]
+    for shape in ctx.within_budget(shapes, label=lambda s: s.describe()):
+        flops = flop_model.conventional_attention_flops(shape)
+        calls = prefill_calls(shape)
+        for name, fn, inputs in (calls[0], calls[2]):
+            out.append(measure(ctx, name, shape, "prefill", fn, inputs, flops=flops))
+        q8, k8, v8, *scales = calls[1][2]
+        for config in sm90_fp8_candidates():
+            if not supports_fp8(q8, k8, v8, config=config)[0]:
+                continue
+            _, fn, inputs = prefill_calls(shape, config)[1]
+            out.append(measure(ctx, f"attnlab_forward_fp8[{config.name()}]", shape, "prefill",
+                               fn, inputs, flops=flops))
+        ctx.upsert("fp8_sm90.jsonl", out)
 
 
 @bench.setup

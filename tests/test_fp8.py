@@ -33,6 +33,7 @@ from attnlab.reference.fp8 import (
     quantize_e4m3,
     quantize_per_head,
 )
+from sm90_marks import sm90
 
 on_gpu = torch.cuda.is_available()
 runs_kernels = pytest.mark.skipif(not on_gpu and not kernel_is_interpreted(),
@@ -656,3 +657,137 @@ def test_gpu_fp8_forward_stays_within_its_bound(seqlen, causal, per_tensor):
                       "bound_ratio": check.bound_ratio, "lse_ratio": check.lse_ratio}))
     assert check.passed, check
     assert math.isfinite(check.error)
+
+
+# ----- the Gluon sm_90 FP8 forward (what the dispatcher runs on Hopper) -----------------------------
+
+SM90_FP8_SHAPES = [(2, 8, 2, 1000, 1000), (1, 4, 4, 77, 300), (1, 6, 2, 300, 77),
+                   (1, 8, 2, 4096, 4096)]
+
+
+def fa3_fp8(causal, scales):
+    def call(q, k, v):
+        return fa3.flash_attn_func(q, k, v, causal=causal, q_descale=scales[0],
+                                   k_descale=scales[1], v_descale=scales[2],
+                                   return_attn_probs=True)
+    return call
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SM90_FP8_SHAPES)
+def test_gpu_sm90_fp8_forward_stays_within_its_bound(dim, causal, shape):
+    from attnlab.measure.dispatch import kernels_that_ran
+
+    batch, heads, kv_heads, seqlen_q, seqlen_k = shape
+    q, k, v, *scales = fp8_inputs(batch, heads, kv_heads, seqlen_q, seqlen_k, dim,
+                                  per_tensor=seqlen_q == 77, seed=50, device="cuda")
+    call = fa3_fp8(causal, scales)
+    kernels_that_ran(call, (q, k, v), ("_attn_fwd_sm90",))
+    out, lse = call(q, k, v)
+    check = check_fp8_accuracy(out, lse, q, k, v, *views(scales, batch, kv_heads),
+                               causal=causal)
+    print(json.dumps({"dim": dim, "causal": causal, "shape": shape,
+                      "bound_ratio": check.bound_ratio, "lse_ratio": check.lse_ratio}))
+    assert check.passed, check
+
+
+def sm90_fp8_candidates():
+    from attnlab.kernels.forward_sm90 import Sm90Config
+
+    return [Sm90Config(block_n, stages, schedule=schedule, store=store)
+            for block_n in (64, 128) for stages in (2, 3) for schedule in ("split", "pingpong")
+            for store in ("direct", "vector")]
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_every_sm90_fp8_config_that_fits_stays_within_the_bound(dim, causal):
+    from attnlab.kernels.forward_sm90 import flash_forward_fp8_sm90, supports_fp8
+
+    batch, heads, kv_heads = 1, 4, 2
+    q, k, v, *scales = fp8_inputs(batch, heads, kv_heads, 700, 900, dim, seed=51,
+                                  device="cuda")
+    scales = views(scales, batch, kv_heads)
+    ran = 0
+    for config in sm90_fp8_candidates():
+        if not supports_fp8(q, k, v, config=config)[0]:
+            continue
+        out, lse = flash_forward_fp8_sm90(q, k, v, *scales, scale=dim ** -0.5, causal=causal,
+                                          config=config)
+        check = check_fp8_accuracy(out, lse, q, k, v, *scales, causal=causal)
+        assert check.passed, (config, check)
+        ran += 1
+    assert ran >= 8
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_nan_in_an_fp8_query_reaches_its_row_only():
+    q, k, v, *scales = fp8_inputs(1, 4, 2, 300, 300, 128, seed=52, device="cuda")
+    q.view(torch.uint8)[0, 5, 1, 7] = 0x7F  # e4m3's NaN
+    out, lse = fa3_fp8(False, scales)(q, k, v)
+    assert out[0, 5, 1].isnan().all() and lse[0, 1, 5].isnan()
+    others = torch.ones_like(out[..., 0], dtype=torch.bool)
+    others[0, 5, 1] = False
+    assert out[others].isfinite().all()
+
+
+def test_sm90_fp8_refusals_name_their_reason():
+    pytest.importorskip("triton.experimental.gluon")
+    from attnlab.kernels._compat import gluon_refusal
+
+    if gluon_refusal() is not None:
+        pytest.skip(gluon_refusal())
+    from attnlab.kernels.forward_sm90 import Sm90Config, fp8_refusal
+
+    allowed = dict(capability=(9, 0), dtypes=(FP8,) * 3, head_dim=128, window=(-1, -1),
+                   softcap=0.0, aligned=True)
+    assert fp8_refusal(**allowed) is None
+    for change, words in [({"head_dim": 256}, "head_dim must be one of (64, 128)"),
+                          ({"dtypes": (torch.bfloat16,) * 3}, "float8_e4m3fn"),
+                          ({"dtypes": (FP8, FP8, torch.bfloat16)}, "share one dtype"),
+                          ({"window": (8, 0)}, "sliding windows"),
+                          ({"capability": (10, 0)}, "sm_90 only"),
+                          ({"aligned": False}, "TMA"),
+                          ({"config": Sm90Config(128, 2, rescale="early")}, "rescale")]:
+        assert words in fp8_refusal(**{**allowed, **change}), change
+
+
+FP8_SM90_COMPILE = """
+import json
+from attnlab.kernels.forward_sm90 import *
+out = {}
+for d, config in FP8_CONFIGS.items():
+    for causal in (False, True):
+        k = compile_for_sm90(d, config, causal=causal, dtype="fp8")
+        ptx = k.asm["ptx"]
+        out[f"{d}-{causal}"] = {**overlap_evidence(k.asm), "shared": k.metadata.shared,
+                                "estimate": shared_memory_bytes(d, config, fp8=True),
+                                "fp8_wgmma": sorted(set(
+                                    l.split()[0] for l in ptx.splitlines()
+                                    if "wgmma.mma_async" in l and "e4m3" in l))}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_sm90a_fp8_kernel_runs_both_products_on_fp8_wgmma_without_spills(json_from_fresh_python):
+    pytest.importorskip("triton.experimental.gluon")
+    from attnlab.kernels._compat import gluon_refusal
+
+    if gluon_refusal() is not None:
+        pytest.skip(gluon_refusal())
+    built = json_from_fresh_python(FP8_SM90_COMPILE)
+    for name, evidence in built.items():
+        # S = Q K^T (B = K, n = BLOCK_N) and P V (A = P from shared memory, B = V^T).
+        assert len(evidence["fp8_wgmma"]) >= 1, name
+        assert 0 <= evidence["estimate"] - evidence["shared"] <= 1024, name
+        assert evidence["barrier_threads"] == [128], name
+        if "local_memory_ops" in evidence:
+            assert evidence["local_memory_ops"] == 0, (name, "register spills")
+            assert min(evidence["ex2_between_waits"]) > 0, name

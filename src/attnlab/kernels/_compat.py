@@ -5,7 +5,7 @@ comparing version strings: the one module that knows Triton releases differ.
 Read from the released wheels' sources (docs/versions.md has the table):
 
 * 3.7 made ``mbarrier.expect``'s byte count ``bytes_per_cta`` (the kernels pass it by
-  position, so both spellings serve), and replaced the C launcher generated per kernel
+  position, so both spellings serve), renamed ``gl.thread_barrier`` ``gl.barrier``, and replaced the C launcher generated per kernel
   with one variadic ``utils.launch`` taking the kernel's arguments as one sequence after
   their annotations and signature; ``fill_tma_descriptor`` became
   ``fill_tma_descriptor_tiled``.
@@ -40,6 +40,7 @@ class GluonApi:
 
     tma_load: str     # hopper.tma's global -> shared copy: async_load or its older name
     reinterpret: str  # shared_memory_descriptor's method: reinterpret or _reinterpret
+    barrier: str      # gl's barrier of the calling partition's threads: barrier or older
 
 
 def first_name(owner, names: tuple[str, ...]) -> str | None:
@@ -66,6 +67,11 @@ def reinterpret_name(descriptor_class) -> str | None:
     return first_name(descriptor_class, ("reinterpret", "_reinterpret"))
 
 
+def barrier_name(gl) -> str | None:
+    """3.7+: ``barrier``; 3.6: ``thread_barrier``."""
+    return first_name(gl, ("barrier", "thread_barrier"))
+
+
 def expect_takes_bytes_second(expect) -> bool:
     """The kernels call ``mbarrier.expect(barrier, nbytes)``: the byte count must be the
     second parameter, whatever its name (``bytes`` in 3.6, ``bytes_per_cta`` from 3.7)."""
@@ -89,7 +95,7 @@ _GLUON_CALLS = {
     "mbarrier.invalidate": ("mbarrier",),
 }
 _GLUON_NAMES = ("gl.NVMMADistributedLayout", "gl.DotOperandLayout", "gl.NVMMASharedLayout",
-                "gl.SwizzledSharedLayout", "mbarrier.MBarrierLayout")
+                "gl.SwizzledSharedLayout", "mbarrier.MBarrierLayout", "hopper.fence_async_shared")
 
 
 def probe_gluon(modules: dict) -> GluonApi | str:
@@ -112,9 +118,12 @@ def probe_gluon(modules: dict) -> GluonApi | str:
     reinterpret = reinterpret_name(getattr(modules["gl"], "shared_memory_descriptor", None))
     if reinterpret is None:
         missing.append("shared_memory_descriptor.reinterpret / _reinterpret")
+    barrier = barrier_name(modules["gl"])
+    if barrier is None:
+        missing.append("gl.barrier / thread_barrier")
     if missing:
         return f"this Triton's Gluon lacks what the kernels call: {', '.join(missing)}"
-    return GluonApi(tma_load=tma_load, reinterpret=reinterpret)
+    return GluonApi(tma_load=tma_load, reinterpret=reinterpret, barrier=barrier)
 
 
 @functools.cache

@@ -29,8 +29,10 @@ from attnlab.kernels._launch import CompiledLaunch, TmaSlot, launch_cached
 if gluon_refusal() is not None:
     raise ImportError(f"attnlab's Gluon kernels cannot be built here: {gluon_refusal()}")
 
-# The global -> shared TMA copy under this Triton's name (async_load from 3.8).
+# The global -> shared TMA copy under this Triton's name (async_load from 3.8), and the
+# barrier of a partition's threads (``barrier`` from 3.7).
 tma_load = getattr(tma, gluon_api().tma_load)
+partition_barrier = getattr(gl, gluon_api().barrier)
 
 # A ring of per-row statistics (LSE, D) that TMA fills, [STAGES, 1, rows] fp32.  Its
 # layout is NVMMA's for the placement alone: TMA writes only to 128-byte aligned shared
@@ -55,6 +57,11 @@ if gluon_api().reinterpret == "reinterpret":
     def row_slot(ring, stage):
         """Slot ``stage`` of a ``ROW_RING_LAYOUT`` ring as the plain row it holds."""
         return ring.index(stage).reinterpret(ring.dtype, [ring.shape[2]], PLAIN_ROW)
+
+    @gluon.jit
+    def reinterpreted(tile, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        """The same shared-memory bytes as a tile of ``dtype``, ``shape``, ``layout``."""
+        return tile.reinterpret(dtype, shape, layout)
 else:
     @gluon.jit
     def tma_load_box(desc, coord, barrier, tile):
@@ -67,22 +74,30 @@ else:
         """Slot ``stage`` of a ``ROW_RING_LAYOUT`` ring as the plain row it holds."""
         return ring.index(stage)._reinterpret(ring.dtype, [ring.shape[2]], PLAIN_ROW)
 
+    @gluon.jit
+    def reinterpreted(tile, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        """The same shared-memory bytes as a tile of ``dtype``, ``shape``, ``layout``."""
+        return tile._reinterpret(dtype, shape, layout)
+
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
+GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
+             torch.float8_e4m3fn: gl.float8e4nv}
 # Hopper's register file: 64K 32-bit registers per SM; the kernels run one CTA per SM.
 REGISTER_FILE = 65536
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (227 KB)
 
 
-def hardware_refusal(capability: tuple[int, int] | None, dtype: torch.dtype) -> str | None:
-    """Why a Gluon sm_90 kernel cannot run on this GPU / dtype, or None."""
+def hardware_refusal(capability: tuple[int, int] | None, dtype: torch.dtype,
+                     dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES) -> str | None:
+    """Why a Gluon sm_90 kernel cannot run on this GPU / dtype (one of ``dtypes``), or
+    None."""
     if capability is None:
         return "needs CUDA tensors on an sm_90 (Hopper) GPU"
     if capability != (9, 0):
         return f"built for sm_90 only; this GPU is sm_{capability[0]}{capability[1]}"
-    if dtype not in SUPPORTED_DTYPES:
-        return f"dtype must be float16 or bfloat16, got {dtype}"
+    if dtype not in dtypes:
+        return f"dtype must be one of {', '.join(map(str, dtypes))}, got {dtype}"
     return None
 
 

@@ -8,6 +8,7 @@ from a guess:
   (``kernels/decode.py``) instead of the forward;
 * **the forward** (:func:`forward_config`, asked by ``kernels.forward``): the Gluon sm_90
   kernel where ``sm90_dispatch.json`` says it measured faster, else the Triton kernel;
+  for FP8 inputs (:func:`fp8_forward_config`) the Gluon kernel wherever it runs;
 * **the backward's dK/dV and dQ** (:func:`dkdv_config`, :func:`dq_config`, asked by
   ``kernels.backward``): the Gluon sm_90 dK/dV (dQ) kernel where
   ``sm90_backward_dispatch.json`` (``sm90_dq_dispatch.json``) says so, else the Triton one;
@@ -122,6 +123,18 @@ def forward_config(q, k, v, *, layout: str, causal: bool, window, softcap: float
     if config is None or not supports(q, k, v, causal, window, softcap, config)[0]:
         return None
     return config
+
+
+def fp8_forward_config(q, k, v, *, window, softcap: float):
+    """The Gluon sm_90 kernel's config for an FP8 forward (e4m3 q, k, v; ``bshd``), or
+    None: the Triton kernel runs it.  Every call the kernel supports takes it: it measured
+    faster than the Triton kernel at every point timed (bench/NOTES.md, F1)."""
+    if not _gluon_usable(q):
+        return None
+    module = FORWARD_SM90.kernel_module()
+    if not module.supports_fp8(q, k, v, window=window, softcap=softcap)[0]:
+        return None
+    return module.FP8_CONFIGS[q.shape[-1]]
 
 
 def dkdv_config(q, k, v, dout, *, layout: str, causal: bool, window, softcap: float,

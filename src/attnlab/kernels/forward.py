@@ -402,7 +402,18 @@ def flash_forward_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """The FP8 forward (FA3's semantics) on validated float8_e4m3fn q, k, v (``bshd``) and
     (batch, kv_heads) fp32 descale views: attention over q x q_descale, k x k_descale,
     v x v_descale.  Q K^T runs on fp8 operands, P is rounded to e4m3 for P V (as FA3);
-    returns O in bf16 and LSE fp32 (natural log).  No backward."""
+    returns O in bf16 and LSE fp32 (natural log).  No backward.  The Gluon sm_90 kernel
+    runs it where ``dispatch.fp8_forward_config`` says (a Triton ``config`` forces this
+    module's kernel)."""
+    if config is None:
+        sm90 = dispatch.fp8_forward_config(q, k, v, window=window, softcap=softcap)
+        if sm90 is not None:
+            from attnlab.kernels.forward_sm90 import plan_launch
+
+            key = ("sm90-fp8", scale, causal, sm90, q.device, tensor_key(q, k, v))
+            plan = _PLANS.get(key, lambda: plan_launch(q, k, v, layout="bshd", scale=scale,
+                                                       causal=causal, config=sm90))
+            return plan(q, k, v, q_descale, k_descale, v_descale)
     return flash_forward(q, k, keys_contiguous(v), layout="bshd", scale=scale, causal=causal,
                          window=window, softcap=softcap, config=config,
                          descales=(q_descale, k_descale, v_descale))

@@ -53,10 +53,12 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.dtypes import TORCH_NAMES
 from attnlab.inputs import AttentionInputs, layout_named
@@ -65,6 +67,7 @@ from attnlab.kernels._primitives import LOG2E
 from attnlab.kernels._sm90 import (
     PlannedDescriptor,
     PlannedGluonLaunch,
+    box_layout,
     check_producer_regs,
     code_evidence,
     compile_sm90,
@@ -73,6 +76,8 @@ from attnlab.kernels._sm90 import (
     hardware_refusal,
     launch_maxnreg,
     on_sm90_capability,
+    partition_barrier,
+    reinterpreted,
     shared_memory_refusal,
     sm_count,
     tma_aligned,
@@ -186,12 +191,85 @@ def _work_block(blocks_done, num_m_blocks, num_heads, group_size, seqlen_q, seql
 
 
 @gluon.jit
-def _consume_tiles(acc, p_op, alpha, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready,
+def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr, p_slot):
+    """P as P V's A operand.  bf16/fp16: in registers, the accumulator's own layout.
+
+    FP8: in shared memory (``p_slot``, this warpgroup's [ROWS, BLOCK_N // 4] int32 view
+    of an fp8 tile), returning a placeholder.  Within each 32 keys a thread of the
+    accumulator holds columns {2q, 2q+1, 8+2q, 9+2q} (+16) where the fp8 register operand
+    wants {4q .. 4q+3} (+16); the key order is free as long as V's rows follow it, so
+    P's columns are relabelled c -> 32a + 16h + 4q + 2g + e for c = 32a + 16h + 8g + 2q + e
+    (a reshape and permute, no data movement; V's copy stores its keys in that order,
+    ``fp8_key_order``), and each thread's four keys of a row become one word by two
+    packed conversions.  Through registers Triton's lowering unpacks every such word
+    into bytes and packs it again (~9 instructions a word, compiled here); a 32-bit
+    store of each word and a shared-memory A operand cost two."""
+    if dtype.is_fp8():
+        ROWS: gl.constexpr = p.shape[0]
+        WORDS: gl.constexpr = p.shape[1] // 4
+        # (row, 16-key group, g, q, e) -> the four keys 2g + e of word (group, q).
+        e0, e1 = gl.split(gl.reshape(p, [ROWS, WORDS // 4, 2, 4, 2]))
+        k0, k2 = gl.split(gl.permute(e0, [0, 1, 3, 2]))
+        k1, k3 = gl.split(gl.permute(e1, [0, 1, 3, 2]))
+        k0, k1, k2, k3 = (gl.reshape(k0, [ROWS, WORDS]), gl.reshape(k1, [ROWS, WORDS]),
+                          gl.reshape(k2, [ROWS, WORDS]), gl.reshape(k3, [ROWS, WORDS]))
+        # Rounded to nearest even and saturated to +-448, as ``.to`` rounds.
+        word = gl.inline_asm_elementwise(
+            """{
+            .reg .b16 lo, hi;
+            cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;
+            cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;
+            mov.b32 $0, {lo, hi};
+            }""", "=r,r,r,r,r", [k0, k1, k2, k3], dtype=gl.int32, is_pure=True, pack=1)
+        p_slot.store(word)
+        fence_async_shared()
+        partition_barrier()  # every warp's words are in place before the wgmma reads them
+        p_op = gl.zeros([1], gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    else:
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+    return p_op
+
+
+@gluon.jit
+def _pv_issue(p_op, p_slot, v_tile, acc, FP8: gl.constexpr):
+    """Issue P V.  bf16/fp16: P in registers, accumulated into O.  FP8: P from shared
+    memory (``_p_operand``) and V's tile keys-contiguous ([HEAD_DIM, BLOCK_N]: an fp8
+    wgmma reads B k-major only); the product goes to a fresh accumulator, added to O in
+    fp32 by ``_pv_done``: the tensor core sums fp8 products in a ~14-bit accumulator, so
+    only one tile's keys are summed there (as the Triton kernel's max_num_imprecise_acc
+    = BLOCK_N), never the whole sequence."""
+    if FP8:
+        P_SHAPE: gl.constexpr = [p_slot.shape[0], 4 * p_slot.shape[1]]
+        p_tile = reinterpreted(p_slot, v_tile.dtype, P_SHAPE,
+                               gl.NVMMASharedLayout.get_default_for(P_SHAPE, v_tile.dtype))
+        pv = warpgroup_mma(p_tile, v_tile.permute((1, 0)), gl.zeros_like(acc), use_acc=False,
+                           is_async=True)
+    else:
+        pv = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+    return pv
+
+
+@gluon.jit
+def _pv_done(pv, acc, alpha_owed, o_layout: gl.constexpr, FP8: gl.constexpr):
+    """O after ``_pv_issue``'s product completed.  FP8 adds the tile's product to O and
+    rebases O in one FMA: ``alpha_owed`` is the rescale O still owed when the product
+    was issued (O was in the base before P's)."""
+    if FP8:
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha_owed, gl.SliceLayout(1, o_layout)),
+                                   1) + pv
+    else:
+        acc = pv
+    return acc
+
+
+@gluon.jit
+def _consume_tiles(acc, p_op, alpha, m_i, l_i, s_zero, q_wg, p_slot, k_smem, v_smem, k_ready,
                    k_empty, v_ready, v_empty, turn, offs_m, tile_lo, tile_hi, n_tiles,
                    ring_base, turn_base, seqlen_k, diag_offset, qk_scale, WG: gl.constexpr,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                    MASKED: gl.constexpr, PINGPONG: gl.constexpr, EARLY_RESCALE: gl.constexpr,
-                   s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+                   FP8: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                   p_layout: gl.constexpr):
     """One warpgroup's tiles [tile_lo, tile_hi) of a block: S_j and P_{j-1} V_{j-1} in
     flight together, softmax j between.  Under ping-pong the two GEMMs are issued in this
     warpgroup's turn and the other warpgroup issues its own during this softmax.
@@ -216,10 +294,11 @@ def _consume_tiles(acc, p_op, alpha, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_r
                           is_async=True)
         if EARLY_RESCALE:
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        pv = _pv_issue(p_op, p_slot, v_smem.index(prev), acc, FP8)
         _turn_pass(turn, WG, PINGPONG)
         s, _ = warpgroup_mma_wait(num_outstanding=1, deps=(s, k_smem.index(stage)))
         mbarrier.arrive(k_empty.index(stage), count=1)
+        alpha_owed = alpha
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, tile * BLOCK_N, seqlen_k,
                                            diag_offset, qk_scale, BLOCK_N, IS_CAUSAL, MASKED,
                                            s_layout)
@@ -229,39 +308,45 @@ def _consume_tiles(acc, p_op, alpha, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_r
         # is gone (bench/NOTES.md, attempt 8: the SASS of attempt 7 shows exactly that).
         nxt = slot + 1
         mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1, pred=tile + 1 < n_tiles)
-        acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_smem.index(prev)))
+        pv, _ = warpgroup_mma_wait(num_outstanding=0, deps=(pv, v_smem.index(prev)))
+        acc = _pv_done(pv, acc, alpha_owed, o_layout, FP8)
         mbarrier.arrive(v_empty.index(prev), count=1)
-        if not EARLY_RESCALE:
+        if not (EARLY_RESCALE or FP8):
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        p_op = _p_operand(p, dtype, p_layout, p_slot)
     return acc, p_op, alpha, m_i, l_i
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-              turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads, group_size, seqlen_q,
-              seqlen_k, qk_scale, num_work, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+def _consumer(q_smem, p_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+              turn, O, LSE, DESCALES, stride_ob, stride_oh, stride_om, num_heads, group_size,
+              seqlen_q, seqlen_k, qk_scale, num_work, WG: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
               PINGPONG: gl.constexpr, EARLY_RESCALE: gl.constexpr,
-              VECTOR_STORE: gl.constexpr):
+              VECTOR_STORE: gl.constexpr, FP8: gl.constexpr):
     """Consumer warpgroup ``WG``: rows [64 WG, 64 WG + 64) of each block this program
     takes, softmax state in registers, both GEMMs, the epilogue."""
     dtype: gl.constexpr = q_smem.dtype
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    # One wgmma instruction reduces 32 bytes of each operand row: 16 values, 32 in fp8.
+    MMA_K: gl.constexpr = 32 if FP8 else 16
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, MMA_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
-    # P stays in registers as wgmma's A operand (FA3's "RS" P.V).
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, MMA_K])
+    # P stays in registers as wgmma's A operand (FA3's "RS" P.V): 32 bits of K a register.
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                 k_width=4 if FP8 else 2)
     STORE_COLS: gl.constexpr = 32 if HEAD_DIM >= 256 else HEAD_DIM // 8
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // STORE_COLS, STORE_COLS],
                                                   [4, 1], [1, 0])
     q_wg = q_smem.index(WG)
+    p_slot = p_smem.index(WG)  # FP8: this warpgroup's P (bf16/fp16: unused)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
     diag_offset = seqlen_k - seqlen_q
+    num_kv_heads = num_heads // group_size
 
     ring_base = 0
     turn_base = 0
@@ -269,6 +354,14 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         off_bh, off_b, off_h, off_hk, m_first, n_tiles = _work_block(
             blocks_done, num_m_blocks, num_heads, group_size, seqlen_q, seqlen_k,
             IS_CAUSAL, BLOCK_M, BLOCK_N)
+        if FP8:
+            # DESCALES is (batch, kv_heads, 3) fp32: q's, k's, v's.  The real q.k is
+            # q_descale x k_descale x the fp8 product, one factor per block, folded into
+            # the scale; v_descale scales O at the end.
+            descales = DESCALES + 3 * (off_b * num_kv_heads + off_hk)
+            block_scale = qk_scale * gl.load(descales) * gl.load(descales + 1)
+        else:
+            block_scale = qk_scale
         row0 = m_first + WG * ROWS
         offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -293,11 +386,11 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         mbarrier.arrive(k_empty.index(stage0), count=1)
         if n_unmasked > 0:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, 0, seqlen_k, diag_offset,
-                                               qk_scale, BLOCK_N, IS_CAUSAL, False, s_layout)
+                                               block_scale, BLOCK_N, IS_CAUSAL, False, s_layout)
         else:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, offs_m, 0, seqlen_k, diag_offset,
-                                               qk_scale, BLOCK_N, IS_CAUSAL, True, s_layout)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
+                                               block_scale, BLOCK_N, IS_CAUSAL, True, s_layout)
+        p_op = _p_operand(p, dtype, p_layout, p_slot)
         nxt = ring_base + 1
         mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1, pred=n_tiles > 1)
 
@@ -305,15 +398,15 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         # diagonal band and the ragged last tile (element mask).
         split = gl.maximum(gl.minimum(n_unmasked, n_tiles), 1)
         acc, p_op, alpha, m_i, l_i = _consume_tiles(
-            acc, p_op, alpha, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k_empty,
+            acc, p_op, alpha, m_i, l_i, s_zero, q_wg, p_slot, k_smem, v_smem, k_ready, k_empty,
             v_ready, v_empty, turn, offs_m, 1, split, n_tiles, ring_base, turn_base, seqlen_k,
-            diag_offset, qk_scale, WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG,
-            EARLY_RESCALE, s_layout, o_layout, p_layout)
+            diag_offset, block_scale, WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG,
+            EARLY_RESCALE, FP8, s_layout, o_layout, p_layout)
         acc, p_op, alpha, m_i, l_i = _consume_tiles(
-            acc, p_op, alpha, m_i, l_i, s_zero, q_wg, k_smem, v_smem, k_ready, k_empty,
+            acc, p_op, alpha, m_i, l_i, s_zero, q_wg, p_slot, k_smem, v_smem, k_ready, k_empty,
             v_ready, v_empty, turn, offs_m, split, n_tiles, n_tiles, ring_base, turn_base,
-            seqlen_k, diag_offset, qk_scale, WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG,
-            EARLY_RESCALE, s_layout, o_layout, p_layout)
+            seqlen_k, diag_offset, block_scale, WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG,
+            EARLY_RESCALE, FP8, s_layout, o_layout, p_layout)
         # Every S of this block is done: the producer may load the next block's Q.
         mbarrier.arrive(q_empty.index(WG), count=1)
 
@@ -322,9 +415,10 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         _turn_wait(turn, turn_base + n_tiles, WG, PINGPONG)
         if EARLY_RESCALE:
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
+        pv = _pv_issue(p_op, p_slot, v_smem.index(last % STAGES), acc, FP8)
         _turn_pass(turn, WG, PINGPONG)
-        acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_smem.index(last % STAGES)))
+        pv, _ = warpgroup_mma_wait(num_outstanding=0, deps=(pv, v_smem.index(last % STAGES)))
+        acc = _pv_done(pv, acc, alpha, o_layout, FP8)
         mbarrier.arrive(v_empty.index(last % STAGES), count=1)
 
         # One division per row, as kernels/_primitives._finish_rows: a row that sees no key
@@ -337,7 +431,9 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         l_safe = gl.where(no_key, 1.0, l_i)
         lse = gl.where(no_key, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
         out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
-        out = out.to(dtype)
+        if FP8:
+            out = out * gl.load(descales + 2)
+        out = out.to(O.dtype.element_ty)
         if VECTOR_STORE:
             # wgmma's layout gives a thread 2 adjacent columns per 8: 2- or 4-byte stores.
             # Through shared memory each thread gets 8 adjacent columns: 16-byte stores.
@@ -358,13 +454,14 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
               k_empty, v_ready, v_empty, num_heads, group_size, seqlen_q, seqlen_k, num_work,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              IS_CAUSAL: gl.constexpr):
+              IS_CAUSAL: gl.constexpr, FP8: gl.constexpr):
     """The producer partition (one warp): every TMA copy, paced by the empty barriers,
     running ahead into the next block while the consumers finish this one.
 
     The descriptors are 4-D (batch, head, sequence, head dim) with a box of one
     (batch, head): TMA zero-fills rows past this sequence's end, never reading the next
-    one.  Their boxes land in the 2-D tiles the MMAs read (``tma_load_box``)."""
+    one.  Their boxes land in the 2-D tiles the MMAs read (``tma_load_box``).  FP8: V's
+    descriptor is over its keys-contiguous copy (batch, head, head dim, sequence)."""
     ROWS: gl.constexpr = q_smem.shape[1]
     num_m_blocks = gl.cdiv(seqlen_q, BLOCK_M)
 
@@ -390,18 +487,24 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
                          k_smem.index(stage))
             mbarrier.wait(v_empty.index(stage), free_phase)
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            tma_load_box(v_desc, [off_b, off_hk, tile * BLOCK_N, 0], v_ready.index(stage),
-                         v_smem.index(stage))
+            if FP8:
+                tma_load_box(v_desc, [off_b, off_hk, 0, tile * BLOCK_N], v_ready.index(stage),
+                             v_smem.index(stage))
+            else:
+                tma_load_box(v_desc, [off_b, off_hk, tile * BLOCK_N, 0], v_ready.index(stage),
+                             v_smem.index(stage))
         ring_base += n_tiles
 
 
 # Lengths and head counts change per call; specialising on them would multiply compiles.
 @gluon.jit(do_not_specialize=["num_heads", "group_size", "seqlen_q", "seqlen_k", "num_work"])
 def _attn_fwd_sm90(
-    # TMA descriptors of q, k, v (host-built, 4-D: batch, head, sequence, head dim)
+    # TMA descriptors of q, k, v (host-built, 4-D: batch, head, sequence, head dim; fp8 V:
+    # batch, head, head dim, sequence)
     q_desc, k_desc, v_desc,
-    # pointers and strides (batch, head, seq) of the outputs; the head dim is unit-stride
-    O, LSE, stride_ob, stride_oh, stride_om,
+    # pointers and strides (batch, head, seq) of the outputs; the head dim is unit-stride.
+    # DESCALES: fp8 only, (batch, kv_heads, 3) fp32 (any fp32 pointer otherwise)
+    O, LSE, DESCALES, stride_ob, stride_oh, stride_om,
     # sizes: num_work = query blocks x batch x heads, taken by the programs in turn
     num_heads, group_size, seqlen_q, seqlen_k, num_work,
     # scalars
@@ -413,14 +516,28 @@ def _attn_fwd_sm90(
     VECTOR_STORE: gl.constexpr, num_warps: gl.constexpr,
 ):
     """One program per query block (grid = num_work) or a persistent grid (one program
-    per SM, each taking blocks pid, pid + grid, ...): the same code, the launcher picks."""
-    dtype: gl.constexpr = O.dtype.element_ty
+    per SM, each taking blocks pid, pid + grid, ...): the same code, the launcher picks.
+    e4m3 q, k, v make it the FP8 forward (bf16 O)."""
+    dtype: gl.constexpr = q_desc.dtype
+    FP8: gl.constexpr = dtype.is_fp8()
     ROWS: gl.constexpr = BLOCK_M // 2
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    if FP8:
+        vt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEAD_DIM, BLOCK_N],
+                                                                       dtype)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, HEAD_DIM, BLOCK_N], vt_layout)
+        # Each consumer's P as words of four e4m3 (``_p_operand``), swizzled as the fp8
+        # tile the wgmma reads.
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], dtype)
+        p_words: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=p_layout.swizzle_byte_width, element_bitwidth=32, rank=2)
+        p_smem = gl.allocate_shared_memory(gl.int32, [2, ROWS, BLOCK_N // 4], p_words)
+    else:
+        p_smem = q_smem
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -440,17 +557,17 @@ def _attn_fwd_sm90(
 
     gl.warp_specialize([
         # The default partition is consumer warpgroup 0, the first worker warpgroup 1.
-        (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                     v_empty, turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads,
-                     group_size, seqlen_q, seqlen_k, qk_scale, num_work, 0, BLOCK_M, BLOCK_N,
-                     STAGES, IS_CAUSAL, PINGPONG, EARLY_RESCALE, VECTOR_STORE)),
-        (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                     v_empty, turn, O, LSE, stride_ob, stride_oh, stride_om, num_heads,
-                     group_size, seqlen_q, seqlen_k, qk_scale, num_work, 1, BLOCK_M, BLOCK_N,
-                     STAGES, IS_CAUSAL, PINGPONG, EARLY_RESCALE, VECTOR_STORE)),
+        (_consumer, (q_smem, p_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                     v_empty, turn, O, LSE, DESCALES, stride_ob, stride_oh, stride_om,
+                     num_heads, group_size, seqlen_q, seqlen_k, qk_scale, num_work, 0, BLOCK_M,
+                     BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, EARLY_RESCALE, VECTOR_STORE, FP8)),
+        (_consumer, (q_smem, p_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                     v_empty, turn, O, LSE, DESCALES, stride_ob, stride_oh, stride_om,
+                     num_heads, group_size, seqlen_q, seqlen_k, qk_scale, num_work, 1, BLOCK_M,
+                     BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, EARLY_RESCALE, VECTOR_STORE, FP8)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
                      k_ready, k_empty, v_ready, v_empty, num_heads, group_size, seqlen_q,
-                     seqlen_k, num_work, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)),
+                     seqlen_k, num_work, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL, FP8)),
     ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
     for half in gl.static_range(2):
@@ -535,15 +652,25 @@ DEFAULT_CONFIGS = {
     128: Sm90Config(block_n=128, stages=2, store="vector"),
     256: Sm90Config(block_n=64, stages=2, rescale="early", store="vector"),
 }
+# The FP8 forward's (e4m3 q, k, v): fp8 tiles take half the shared memory, so deeper
+# rings.  At d = 128 a 128-key S beside O and a tile's P V (three 64-register fp32
+# accumulators) spills on 3.9 (107-132 LDL/STL, compiled here) and causal on 3.6, 64 keys
+# on none; d = 256 is not covered (two 64 x 256 accumulators spill at any tile).
+FP8_CONFIGS = {
+    64: Sm90Config(block_n=128, stages=3),
+    128: Sm90Config(block_n=64, stages=3, store="vector"),
+}
 
 
-def shared_memory_bytes(head_dim: int, config: Sm90Config, itemsize: int = 2) -> int:
-    """Q tile + the K and V rings + the O staging of the vector store + barriers and
-    Triton's reduction scratch: what one CTA allocates (within 512 bytes above
-    ``compile_for_sm90(...).metadata.shared``, checked by the CPU compile test)."""
+def shared_memory_bytes(head_dim: int, config: Sm90Config, fp8: bool = False) -> int:
+    """Q tile + the K and V rings (+ FP8: the two consumers' P tiles) + the O staging of
+    the vector store + barriers and Triton's reduction scratch: what one CTA allocates
+    (within 512 bytes above ``compile_for_sm90(...).metadata.shared``, checked by the CPU
+    compile test)."""
     tiles = BLOCK_M * head_dim + 2 * config.stages * config.block_n * head_dim
+    tiles = tiles + BLOCK_M * config.block_n if fp8 else 2 * tiles
     staging = _VECTOR_STORE_STAGING[head_dim] if config.store == "vector" else 0
-    return tiles * itemsize + staging + 8 * (1 + 4 * config.stages) + 512
+    return tiles + staging + 8 * (1 + 4 * config.stages) + 512
 
 
 # Shared memory Triton 3.6 adds for the vector store's layout conversion (it stages part
@@ -570,6 +697,46 @@ def refusal(*, capability: tuple[int, int] | None, dtype: torch.dtype, head_dim:
                 "and non-empty sequences")
     config = config or DEFAULT_CONFIGS[head_dim]
     return shared_memory_refusal(config, shared_memory_bytes(head_dim, config), head_dim)
+
+
+def fp8_refusal(*, capability: tuple[int, int] | None, dtypes: tuple[torch.dtype, ...],
+                head_dim: int, window: tuple[int, int], softcap: float, aligned: bool,
+                config: Sm90Config | None = None) -> str | None:
+    """Why the FP8 forward (e4m3 q, k, v) must not run a call on this kernel, or None."""
+    if len(set(dtypes)) != 1:
+        return "q, k and v must share one dtype"
+    reason = hardware_refusal(capability, dtypes[0], (torch.float8_e4m3fn,))
+    if reason is not None:
+        return reason
+    if head_dim not in FP8_CONFIGS:
+        return (f"head_dim must be one of {tuple(FP8_CONFIGS)} for the FP8 kernel, got "
+                f"{head_dim} (at 256 its two fp32 accumulators per warpgroup spill)")
+    if tuple(window) != (-1, -1) or softcap != 0.0:
+        return "sliding windows and softcap are not implemented in the sm_90 kernel"
+    if not aligned:
+        return ("TMA needs q and k with a unit-stride head dim, 16-byte aligned base "
+                "pointers and strides, and non-empty sequences")
+    config = config or FP8_CONFIGS[head_dim]
+    if config.rescale != "late":
+        return ("the FP8 kernel rebases O as it adds each tile's P V (rescale 'late'), got "
+                f"rescale {config.rescale!r}")
+    return shared_memory_refusal(config, shared_memory_bytes(head_dim, config, fp8=True),
+                                 head_dim)
+
+
+def supports_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                 config: Sm90Config | None = None) -> tuple[bool, str]:
+    """(True, "") if ``flash_forward_fp8_sm90`` computes this call (bshd, any causality),
+    else (False, the reason)."""
+    capability = on_sm90_capability(q) if all(t.is_cuda for t in (k, v)) else None
+    reason = fp8_refusal(capability=capability, dtypes=(q.dtype, k.dtype, v.dtype),
+                         head_dim=q.shape[-1], window=window, softcap=softcap,
+                         aligned=tma_aligned(q, k) and v.dim() == 4 and v.numel() > 0,
+                         config=config)
+    if reason is None and not (k.shape[-1] == v.shape[-1] == q.shape[-1]):
+        reason = "q, k and v must share one head_dim"
+    return reason is None, reason or ""
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -604,6 +771,22 @@ def flash_forward_sm90(
                   config=config or DEFAULT_CONFIGS[q.shape[-1]])
 
 
+def flash_forward_fp8_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           q_descale: torch.Tensor, k_descale: torch.Tensor,
+                           v_descale: torch.Tensor, *, scale: float, causal: bool = False,
+                           config: Sm90Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``kernels.forward.flash_forward_fp8``'s contract (e4m3 q, k, v in ``bshd``, (batch,
+    kv_heads) fp32 descales; bf16 O, fp32 LSE) on this kernel, for the calls
+    ``supports_fp8`` accepts; anything else is refused with a ValueError naming the
+    reason.  Not cached: the dispatched path keeps its plan (``kernels.forward``)."""
+    ok, reason = supports_fp8(q, k, v, config=config)
+    if not ok:
+        raise ValueError(f"flash_forward_fp8_sm90 cannot run this call: {reason}")
+    config = config or FP8_CONFIGS[q.shape[-1]]
+    return plan_launch(q, k, v, layout="bshd", scale=scale, causal=causal,
+                       config=config)(q, k, v, q_descale, k_descale, v_descale)
+
+
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str, scale: float,
            causal: bool, config: Sm90Config) -> tuple[torch.Tensor, torch.Tensor]:
     """``flash_forward_sm90`` without its checks, for a call ``supports`` accepted with
@@ -623,13 +806,53 @@ class PlannedLaunch:
     def __call__(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-        self.gluon((q, k, v), (out, lse))
+        self.gluon((q, k, v), (out, lse, lse))  # no descales: any fp32 pointer
         return out, lse
+
+
+class PlannedFp8Launch(PlannedLaunch):
+    """The FP8 forward's launch for one call signature: ``(q, k, v, q_descale, k_descale,
+    v_descale)`` copies V keys-contiguous (``keys_contiguous_v``) and the descales into
+    one (batch, kv_heads, 3) tensor, allocates a bf16 O and LSE, launches."""
+
+    def __init__(self, gluon: PlannedGluonLaunch, lse_shape: tuple[int, ...],
+                 block_n: int) -> None:
+        super().__init__(gluon, lse_shape)
+        self.block_n = block_n
+
+    def __call__(self, q, k, v, q_descale, k_descale, v_descale):
+        out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        descales = torch.stack((q_descale, k_descale, v_descale), dim=-1).float()
+        self.gluon((q, k, keys_contiguous_v(v, self.block_n)[0]), (out, lse, descales))
+        return out, lse
+
+
+def keys_contiguous_v(v: torch.Tensor, block_n: int) -> tuple:
+    """(copy, descriptor parts) of a (batch, seqlen, kv_heads, head_dim) e4m3 V as the FP8
+    kernel reads it: a (batch, kv_heads, head_dim, seqlen) copy, a tile's keys contiguous
+    for each head-dim row (an fp8 wgmma reads its B operand k-major only, and for P V the
+    reduction runs over the keys), in ``_p_operand``'s order within each 32 keys (key
+    16h + 8g + 2q + e at position 16h + 4q + 2g + e), the sequence zero-padded to a
+    multiple of 32 (P is 0 there; the zeros keep 0 x V finite).  One read and write of V,
+    small beside an O(N^2) prefill."""
+    batch, seqlen, heads, head_dim = v.shape
+    padded = triton.cdiv(seqlen, 32) * 32
+    keys = v.permute(0, 2, 3, 1)  # (batch, heads, head_dim, seqlen), a view
+    if padded != seqlen:
+        keys = torch.nn.functional.pad(keys, (0, padded - seqlen))
+    copy = v.new_empty((batch, heads, head_dim, padded))
+    groups = (batch, heads, head_dim, padded // 32, 2)
+    copy.view(*groups, 4, 2, 2).copy_(keys.reshape(*groups, 2, 4, 2).transpose(-3, -2))
+    box = (1, 1, head_dim, block_n)
+    return copy, ([batch, heads, head_dim, padded], list(copy.stride()), list(box),
+                  box_layout(box, v.dtype))
 
 
 def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str,
                 scale: float, causal: bool, config: Sm90Config) -> PlannedLaunch:
     """The launch for tensors of these sizes, strides and alignment (see ``launch``)."""
+    fp8 = q.dtype == torch.float8_e4m3fn
     inputs = AttentionInputs.read(q, k, k, layout)
     batch, seqlen_q, num_heads, head_dim = (inputs.batch, inputs.seqlen_q, inputs.heads,
                                             inputs.head_dim)
@@ -642,9 +865,14 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: st
     kernel, meta = _kernel_and_meta(config)
     # O is allocated contiguous in q's layout.
     strides = layout_named(layout).bhs_strides(torch.empty(q.shape, device="meta"))
+    if fp8:  # V arrives keys-contiguous (PlannedFp8Launch): a meta copy has its strides
+        v_copy, v_parts = keys_contiguous_v(torch.empty(v.shape, dtype=v.dtype, device="meta"),
+                                            config.block_n)
+    else:
+        v_copy, v_parts = v, descriptor_parts(v, layout, config.block_n)
     descriptors = (PlannedDescriptor(q, descriptor_parts(q, layout, BLOCK_M // 2)),
                    PlannedDescriptor(k, descriptor_parts(k, layout, config.block_n)),
-                   PlannedDescriptor(v, descriptor_parts(v, layout, config.block_n)))
+                   PlannedDescriptor(v_copy, v_parts))
     static = (*strides, num_heads, num_heads // num_kv_heads, seqlen_q, seqlen_k, num_work,
               scale * LOG2E)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
@@ -653,6 +881,8 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: st
     key = launch_key(config, causal, q, strides, max(seqlen_q, seqlen_k, num_work))
     gluon = PlannedGluonLaunch(_COMPILED, kernel, grid, descriptors, static, constexprs, key,
                                MAXNREG)
+    if fp8:
+        return PlannedFp8Launch(gluon, (batch, num_heads, seqlen_q), config.block_n)
     return PlannedLaunch(gluon, (batch, num_heads, seqlen_q))
 
 
@@ -693,19 +923,23 @@ def _kernel_and_meta(config: Sm90Config):
 
 def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal: bool = False,
                      dtype: str = "bf16"):
-    """The compiled kernel (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata``) for sm_90a."""
+    """The compiled kernel (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata``) for sm_90a;
+    ``dtype`` "fp8" compiles the FP8 forward (e4m3 q, k, keys-contiguous V; bf16 O)."""
     from triton.runtime.jit import mangle_type
 
-    config = config or DEFAULT_CONFIGS[head_dim]
+    fp8 = dtype == "fp8"
+    config = config or (FP8_CONFIGS if fp8 else DEFAULT_CONFIGS)[head_dim]
     kernel, meta = _kernel_and_meta(config)
-    torch_dtype = getattr(torch, TORCH_NAMES[dtype])
+    torch_dtype = torch.float8_e4m3fn if fp8 else getattr(torch, TORCH_NAMES[dtype])
     # A meta-device tensor gives the descriptors their types without memory.
     example = torch.empty((1, 256, 1, head_dim), dtype=torch_dtype, device="meta")
+    v_desc = (TensorDescriptor(*_flat(keys_contiguous_v(example, config.block_n))) if fp8
+              else descriptor(example, "bshd", config.block_n))
     signature = {
         "q_desc": mangle_type(descriptor(example, "bshd", BLOCK_M // 2)),
         "k_desc": mangle_type(descriptor(example, "bshd", config.block_n)),
-        "v_desc": mangle_type(descriptor(example, "bshd", config.block_n)),
-        "O": f"*{dtype}", "LSE": "*fp32",
+        "v_desc": mangle_type(v_desc),
+        "O": "*bf16" if fp8 else f"*{dtype}", "LSE": "*fp32", "DESCALES": "*fp32",
     }
     for axis in ("b", "h", "m"):
         signature[f"stride_o{axis}"] = "i32"
@@ -715,8 +949,13 @@ def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal:
     constants = dict(HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=config.block_n,
                      STAGES=config.stages, IS_CAUSAL=causal,
                      PRODUCER_REGS=config.producer_regs, **meta)
-    aligned = ("O", "LSE", "stride_ob", "stride_oh", "stride_om")
+    aligned = ("O", "LSE", "DESCALES", "stride_ob", "stride_oh", "stride_om")
     return compile_sm90(kernel, signature, constants, aligned, MAXNREG)
+
+
+def _flat(copy_and_parts: tuple) -> tuple:
+    copy, parts = copy_and_parts
+    return (copy, *parts)
 
 
 def overlap_evidence(asm: dict) -> dict:
