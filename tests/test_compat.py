@@ -90,11 +90,14 @@ def test_a_gluon_missing_what_the_kernels_call_is_refused_by_name():
         if not name.startswith("__")})}
     changed["gl"].warp_specialize = warp_specialize
     del changed["gl"].SwizzledSharedLayout
+    for name in ("barrier", "thread_barrier"):
+        if hasattr(changed["gl"], name):
+            delattr(changed["gl"], name)
     changed["tma"] = SimpleNamespace()
     reason = probe_gluon(changed)
     assert isinstance(reason, str)
     for words in ("gl.warp_specialize(functions_and_args, worker_num_warps, worker_num_regs)",
-                  "gl.SwizzledSharedLayout", "tma.async_load"):
+                  "gl.SwizzledSharedLayout", "tma.async_load", "gl.barrier / thread_barrier"):
         assert words in reason
 
 

@@ -128,7 +128,7 @@ def forward_config(q, k, v, *, layout: str, causal: bool, window, softcap: float
 def fp8_forward_config(q, k, v, *, window, softcap: float):
     """The Gluon sm_90 kernel's config for an FP8 forward (e4m3 q, k, v; ``bshd``), or
     None: the Triton kernel runs it.  Every call the kernel supports takes it: it measured
-    faster than the Triton kernel at every point timed (bench/NOTES.md, F1)."""
+    faster than the Triton kernel at every point timed (bench/NOTES.md, S22)."""
     if not _gluon_usable(q):
         return None
     module = FORWARD_SM90.kernel_module()
