@@ -673,20 +673,25 @@ def fa3_fp8(causal, scales):
     return call
 
 
+def sm90_fp8(causal, scales, batch, kv_heads, config=None):
+    from attnlab.kernels.forward_sm90 import flash_forward_fp8_sm90
+
+    def call(q, k, v):
+        return flash_forward_fp8_sm90(q, k, v, *views(scales, batch, kv_heads),
+                                      scale=q.shape[-1] ** -0.5, causal=causal, config=config)
+    return call
+
+
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SM90_FP8_SHAPES)
 def test_gpu_sm90_fp8_forward_stays_within_its_bound(dim, causal, shape):
-    from attnlab.measure.dispatch import kernels_that_ran
-
     batch, heads, kv_heads, seqlen_q, seqlen_k = shape
     q, k, v, *scales = fp8_inputs(batch, heads, kv_heads, seqlen_q, seqlen_k, dim,
                                   per_tensor=seqlen_q == 77, seed=50, device="cuda")
-    call = fa3_fp8(causal, scales)
-    kernels_that_ran(call, (q, k, v), ("_attn_fwd_sm90",))
-    out, lse = call(q, k, v)
+    out, lse = sm90_fp8(causal, scales, batch, kv_heads)(q, k, v)
     check = check_fp8_accuracy(out, lse, q, k, v, *views(scales, batch, kv_heads),
                                causal=causal)
     print(json.dumps({"dim": dim, "causal": causal, "shape": shape,
@@ -727,14 +732,43 @@ def test_gpu_every_sm90_fp8_config_that_fits_stays_within_the_bound(dim, causal)
 
 @pytest.mark.gpu
 @sm90
-def test_gpu_nan_in_an_fp8_query_reaches_its_row_only():
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_fp8_dispatch_runs_the_kernel_its_table_names(causal):
+    from attnlab.kernels.configs import length_bucket
+    from attnlab.kernels.dispatch import FORWARD_FP8_SM90
+    from attnlab.measure.dispatch import kernels_that_ran
+
+    table = FORWARD_FP8_SM90.table()
+    for dim, seqlen in [(128, 1024), (128, 4096), (64, 4096), (96, 1024)]:
+        q, k, v, *scales = fp8_inputs(1, 4, 2, seqlen, seqlen, dim, seed=53, device="cuda")
+        gluon = (dim, causal, length_bucket(seqlen)) in table
+        names = kernels_that_ran(fa3_fp8(causal, scales), (q, k, v))
+        assert any(n.startswith("_attn_fwd_sm90") for n in names) == gluon, (dim, seqlen, names)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dispatched", [False, True])
+def test_gpu_nan_in_an_fp8_query_reaches_its_row_only(dispatched):
     q, k, v, *scales = fp8_inputs(1, 4, 2, 300, 300, 128, seed=52, device="cuda")
     q.view(torch.uint8)[0, 5, 1, 7] = 0x7F  # e4m3's NaN
-    out, lse = fa3_fp8(False, scales)(q, k, v)
+    out, lse = (fa3_fp8(False, scales) if dispatched else sm90_fp8(False, scales, 1, 2))(q, k, v)
     assert out[0, 5, 1].isnan().all() and lse[0, 1, 5].isnan()
     others = torch.ones_like(out[..., 0], dtype=torch.bool)
     others[0, 5, 1] = False
     assert out[others].isfinite().all()
+
+
+def test_the_fp8_dispatch_table_holds_only_measured_winners_it_can_run():
+    import json
+    from importlib.resources import files
+
+    table = json.loads(files("attnlab.kernels").joinpath("sm90_fp8_dispatch.json").read_text())
+    assert table["source"]["triton"] and table["min_gain"] >= 1.0
+    for entry in table["entries"]:
+        assert entry["sm90_vs_triton"] >= table["min_gain"], entry
+        assert entry["measured"]["git_commit"] and entry["triton"], entry
+        assert entry["config"]["rescale"] == "late" and entry["head_dim"] in (64, 128), entry
 
 
 def test_sm90_fp8_refusals_name_their_reason():

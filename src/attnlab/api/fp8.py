@@ -105,7 +105,7 @@ def flash_attn_fp8_func(q, k, v, q_descale, k_descale, v_descale, softmax_scale=
     (batch, kv_heads) (FA3's; q's is per KV head too), () or (1,).  Returns ``out``
     (bf16), or ``(out, lse)`` with ``return_lse`` (LSE (batch, heads, seqlen_q) fp32).
 
-    The kernel (the Gluon sm_90 one on Hopper at head_dim 64/128, else the Triton one)
+    The kernel (the Triton one, or the Gluon sm_90 one where its dispatch table says)
     runs Q K^T on fp8 operands and rounds P to e4m3 for P V, as FA3;
     its error against float64 attention on the dequantised inputs is bounded by
     :func:`attnlab.accuracy.check_fp8_accuracy` (docs/usage.md, "FP8").  No backward:

@@ -8,7 +8,7 @@ from a guess:
   (``kernels/decode.py``) instead of the forward;
 * **the forward** (:func:`forward_config`, asked by ``kernels.forward``): the Gluon sm_90
   kernel where ``sm90_dispatch.json`` says it measured faster, else the Triton kernel;
-  for FP8 inputs (:func:`fp8_forward_config`) the Gluon kernel wherever it runs;
+  for FP8 inputs (:func:`fp8_forward_config`) likewise by ``sm90_fp8_dispatch.json``;
 * **the backward's dK/dV and dQ** (:func:`dkdv_config`, :func:`dq_config`, asked by
   ``kernels.backward``): the Gluon sm_90 dK/dV (dQ) kernel where
   ``sm90_backward_dispatch.json`` (``sm90_dq_dispatch.json``) says so, else the Triton one;
@@ -87,6 +87,8 @@ class GluonKernel:
 
 
 FORWARD_SM90 = GluonKernel("attnlab.kernels.forward_sm90", "sm90_dispatch.json", "Sm90Config")
+FORWARD_FP8_SM90 = GluonKernel("attnlab.kernels.forward_sm90", "sm90_fp8_dispatch.json",
+                               "Sm90Config")
 DKDV_SM90 = GluonKernel("attnlab.kernels.backward_sm90", "sm90_backward_dispatch.json",
                         "Sm90BackwardConfig")
 DQ_SM90 = GluonKernel("attnlab.kernels.dq_sm90", "sm90_dq_dispatch.json", "Sm90DqConfig")
@@ -125,16 +127,18 @@ def forward_config(q, k, v, *, layout: str, causal: bool, window, softcap: float
     return config
 
 
-def fp8_forward_config(q, k, v, *, window, softcap: float):
+def fp8_forward_config(q, k, v, *, causal: bool, window, softcap: float):
     """The Gluon sm_90 kernel's config for an FP8 forward (e4m3 q, k, v; ``bshd``), or
-    None: the Triton kernel runs it.  Every call the kernel supports takes it: it measured
-    faster than the Triton kernel at every point timed (bench/NOTES.md, S22)."""
+    None: the Triton kernel runs it.  Only where ``sm90_fp8_dispatch.json`` has a bucket
+    the kernel measured faster in (bench/fp8_h200.py --phases sm90, NOTES S22)."""
     if not _gluon_usable(q):
         return None
-    module = FORWARD_SM90.kernel_module()
-    if not module.supports_fp8(q, k, v, window=window, softcap=softcap)[0]:
+    config = FORWARD_FP8_SM90.bucket_config(q, k, layout="bshd", causal=causal)
+    supports = FORWARD_FP8_SM90.kernel_module().supports_fp8
+    if config is None or not supports(q, k, v, window=window, softcap=softcap,
+                                      config=config)[0]:
         return None
-    return module.FP8_CONFIGS[q.shape[-1]]
+    return config
 
 
 def dkdv_config(q, k, v, dout, *, layout: str, causal: bool, window, softcap: float,

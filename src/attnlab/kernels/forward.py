@@ -406,7 +406,8 @@ def flash_forward_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     runs it where ``dispatch.fp8_forward_config`` says (a Triton ``config`` forces this
     module's kernel)."""
     if config is None:
-        sm90 = dispatch.fp8_forward_config(q, k, v, window=window, softcap=softcap)
+        sm90 = dispatch.fp8_forward_config(q, k, v, causal=causal, window=window,
+                                           softcap=softcap)
         if sm90 is not None:
             from attnlab.kernels.forward_sm90 import plan_launch
 
