@@ -200,7 +200,7 @@ def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr, p_slot):
     wants {4q .. 4q+3} (+16); the key order is free as long as V's rows follow it, so
     P's columns are relabelled c -> 32a + 16h + 4q + 2g + e for c = 32a + 16h + 8g + 2q + e
     (a reshape and permute, no data movement; V's copy stores its keys in that order,
-    ``fp8_key_order``), and each thread's four keys of a row become one word by two
+    ``keys_contiguous_v``), and each thread's four keys of a row become one word by two
     packed conversions.  Through registers Triton's lowering unpacks every such word
     into bytes and packs it again (~9 instructions a word, compiled here); a 32-bit
     store of each word and a shared-memory A operand cost two."""
@@ -335,9 +335,9 @@ def _consumer(q_smem, p_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, MMA_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, MMA_K])
-    # P stays in registers as wgmma's A operand (FA3's "RS" P.V): 32 bits of K a register.
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
-                                                 k_width=4 if FP8 else 2)
+    # P stays in registers as wgmma's A operand (FA3's "RS" P.V); FP8's goes through
+    # shared memory instead (_p_operand) and never takes this layout.
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     STORE_COLS: gl.constexpr = 32 if HEAD_DIM >= 256 else HEAD_DIM // 8
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // STORE_COLS, STORE_COLS],
                                                   [4, 1], [1, 0])
