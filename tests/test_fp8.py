@@ -825,3 +825,35 @@ def test_sm90a_fp8_kernel_runs_both_products_on_fp8_wgmma_without_spills(json_fr
         if "local_memory_ops" in evidence:
             assert evidence["local_memory_ops"] == 0, (name, "register spills")
             assert min(evidence["ex2_between_waits"]) > 0, name
+
+
+def test_the_sm90_fp8_p_relabelling_matches_the_v_copys_key_order():
+    """The Gluon FP8 kernel stores P's columns relabelled (``_p_operand``: reshape, split,
+    permute; the same row-major semantics as torch's) and reads V from
+    ``keys_contiguous_v``'s copy: the product must be P V for every tile width."""
+    pytest.importorskip("triton.experimental.gluon")
+    from attnlab.kernels._compat import gluon_refusal
+
+    if gluon_refusal() is not None:
+        pytest.skip(gluon_refusal())
+    from attnlab.kernels.forward_sm90 import keys_contiguous_v
+
+    gen = torch.Generator().manual_seed(54)
+    seqlen, dim = 200, 8
+    v = torch.randn(1, seqlen, 1, dim, generator=gen)
+    copy, parts = keys_contiguous_v(v, 64)
+    assert parts[0][-1] == copy.shape[-1] == 224  # padded to 32 keys (zeros: P is 0 there)
+    for block_n in (64, 128):
+        p = torch.rand(4, block_n, generator=gen)
+        words = block_n // 4
+        e0, e1 = p.reshape(4, words // 4, 2, 4, 2).unbind(-1)      # gl.split
+        k0, k2 = e0.permute(0, 1, 3, 2).unbind(-1)
+        k1, k3 = e1.permute(0, 1, 3, 2).unbind(-1)
+        stored = torch.stack([k.reshape(4, words) for k in (k0, k1, k2, k3)], -1)
+        stored = stored.reshape(4, block_n)  # word j's bytes 0..3 at columns 4j..4j+3
+        for start in range(0, copy.shape[-1] - block_n + 1, block_n):
+            v_tile = copy[0, 0, :, start:start + block_n].T  # the kernel's B = V^T permuted
+            keys = v[0, start:start + block_n, 0]
+            keys = torch.cat([keys, keys.new_zeros(block_n - keys.shape[0], dim)])
+            torch.testing.assert_close((stored.double() @ v_tile.double()),
+                                       p.double() @ keys.double(), rtol=0, atol=1e-12)
