@@ -382,9 +382,14 @@ def sm90_accuracy(ctx) -> set[str]:
         for config in sm90_fp8_candidates():
             if not supports_fp8(q8, k8, v8, config=config)[0]:
                 continue
-            out, lse = flash_forward_fp8_sm90(q8, k8, v8, qd, kd, vd, scale=dim ** -0.5,
-                                              causal=causal, config=config)
-            check = check_fp8_accuracy(out, lse, q8, k8, v8, qd, kd, vd, causal=causal)
+            try:
+                out, lse = flash_forward_fp8_sm90(q8, k8, v8, qd, kd, vd, scale=dim ** -0.5,
+                                                  causal=causal, config=config)
+                check = check_fp8_accuracy(out, lse, q8, k8, v8, qd, kd, vd, causal=causal)
+            except Exception:  # noqa: BLE001 -- a config that cannot run is never tabled
+                traceback.print_exc()
+                failed.add(config.name())
+                continue
             log(f"  accuracy d={dim} causal={causal} {config.name()}: "
                 f"{'ok' if check.passed else 'FAILS'} error/bound {check.bound_ratio:.3f}")
             if not check.passed:
