@@ -357,8 +357,11 @@ def tuning(ctx) -> None:
 def sm90_fp8_candidates() -> list:
     from attnlab.kernels.forward_sm90 import Sm90Config
 
-    return [Sm90Config(block_n, stages, schedule=schedule, store="vector")
-            for block_n in (64, 128) for stages in (2, 3) for schedule in ("split", "pingpong")]
+    return [Sm90Config(block_n, stages, schedule=schedule, persistent=persistent,
+                       store="vector")
+            for block_n in (64, 128) for stages in (2, 3)
+            for schedule, persistent in (("split", False), ("pingpong", False),
+                                         ("split", True))]
 
 
 def sm90_grid(args) -> list[AttentionShape]:
