@@ -354,14 +354,10 @@ def tuning(ctx) -> None:
         ctx.upsert("fp8_tuning.jsonl", out)
 
 
-def sm90_fp8_candidates() -> list:
-    from attnlab.kernels.forward_sm90 import Sm90Config
+def sm90_fp8_candidates() -> tuple:
+    from attnlab.kernels.forward_sm90 import FP8_CANDIDATES
 
-    return [Sm90Config(block_n, stages, schedule=schedule, persistent=persistent,
-                       store="vector")
-            for block_n in (64, 128) for stages in (2, 3)
-            for schedule, persistent in (("split", False), ("pingpong", False),
-                                         ("split", True))]
+    return FP8_CANDIDATES
 
 
 def sm90_grid(args) -> list[AttentionShape]:

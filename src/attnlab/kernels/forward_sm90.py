@@ -660,6 +660,11 @@ FP8_CONFIGS = {
     64: Sm90Config(block_n=128, stages=3),
     128: Sm90Config(block_n=64, stages=3, store="vector"),
 }
+# What bench/fp8_h200.py --phases sm90 times (and the GPU tests check) for its table.
+FP8_CANDIDATES = tuple(
+    Sm90Config(block_n, stages, schedule=schedule, persistent=persistent, store="vector")
+    for block_n in (64, 128) for stages in (2, 3)
+    for schedule, persistent in (("split", False), ("pingpong", False), ("split", True)))
 
 
 def shared_memory_bytes(head_dim: int, config: Sm90Config, fp8: bool = False) -> int:
