@@ -831,12 +831,14 @@ def test_the_sm90_fp8_p_relabelling_matches_the_v_copys_key_order():
     from attnlab.kernels.forward_sm90 import keys_contiguous_v
 
     gen = torch.Generator().manual_seed(54)
-    seqlen, dim = 200, 8
-    v = torch.randn(1, seqlen, 1, dim, generator=gen)
+    seqlen, dim = 200, 16
+    v = quantize_e4m3(torch.randn(2, seqlen, 3, dim, generator=gen), torch.tensor(0.01))
+    v = v.to(DEVICE)[:, :, 1:]  # two KV heads, strided (the copy reads any strides)
     copy, parts = keys_contiguous_v(v, 64)
-    assert parts[0][-1] == copy.shape[-1] == 224  # padded to 32 keys (zeros: P is 0 there)
+    assert copy.dtype == FP8 and parts[0] == [2, 2, dim, 224]  # padded to 32 keys
+    copy, v = copy.cpu().double(), v.cpu().double()
     for block_n in (64, 128):
-        p = torch.rand(4, block_n, generator=gen)
+        p = torch.rand(4, block_n, generator=gen, dtype=torch.float64)
         words = block_n // 4
         e0, e1 = p.reshape(4, words // 4, 2, 4, 2).unbind(-1)      # gl.split
         k0, k2 = e0.permute(0, 1, 3, 2).unbind(-1)
@@ -844,8 +846,7 @@ def test_the_sm90_fp8_p_relabelling_matches_the_v_copys_key_order():
         stored = torch.stack([k.reshape(4, words) for k in (k0, k1, k2, k3)], -1)
         stored = stored.reshape(4, block_n)  # word j's bytes 0..3 at columns 4j..4j+3
         for start in range(0, copy.shape[-1] - block_n + 1, block_n):
-            v_tile = copy[0, 0, :, start:start + block_n].T  # the kernel's B = V^T permuted
-            keys = v[0, start:start + block_n, 0]
+            v_tile = copy[1, 1, :, start:start + block_n].T  # the kernel's B = V^T permuted
+            keys = v[1, start:start + block_n, 1]
             keys = torch.cat([keys, keys.new_zeros(block_n - keys.shape[0], dim)])
-            torch.testing.assert_close((stored.double() @ v_tile.double()),
-                                       p.double() @ keys.double(), rtol=0, atol=1e-12)
+            torch.testing.assert_close(stored @ v_tile, p @ keys, rtol=0, atol=1e-12)

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -62,7 +63,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.dtypes import TORCH_NAMES
 from attnlab.inputs import AttentionInputs, layout_named
-from attnlab.kernels._launch import int_class
+from attnlab.kernels import _launch
+from attnlab.kernels._launch import DirectLauncher, int_class
 from attnlab.kernels._primitives import LOG2E
 from attnlab.kernels._sm90 import (
     PlannedDescriptor,
@@ -581,6 +583,27 @@ def _attn_fwd_sm90(
         mbarrier.invalidate(v_empty.index(ring))
 
 
+@triton.jit
+def _fp8_v_keys_contiguous(V, OUT, seqlen, padded, kv_heads, stride_vb, stride_vs,
+                           stride_vh, stride_vd, HEAD_DIM: tl.constexpr,
+                           BLOCK_S: tl.constexpr):
+    """The FP8 kernel's V (``keys_contiguous_v``), bytes copied: one program per
+    (BLOCK_S positions, batch x KV head) reads its keys as [HEAD_DIM, BLOCK_S] tiles
+    (each key's HEAD_DIM bytes contiguous) and writes them keys-contiguous, position
+    16h + 4q + 2g + e of each 32 holding key 16h + 8g + 2q + e, zeros past ``seqlen``."""
+    bh = tl.program_id(1).to(tl.int64)
+    pos = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    local = pos % 32
+    key = (pos - local + local // 16 * 16 + (local // 2) % 2 * 8 + (local // 4) % 4 * 2
+           + local % 2)
+    d = tl.arange(0, HEAD_DIM)
+    src = (V + bh // kv_heads * stride_vb + bh % kv_heads * stride_vh
+           + key[None, :].to(tl.int64) * stride_vs + d[:, None] * stride_vd)
+    tile = tl.load(src, mask=key[None, :] < seqlen, other=0)
+    dst = OUT + (bh * HEAD_DIM + d[:, None]) * padded + pos[None, :]
+    tl.store(dst, tile, mask=pos[None, :] < padded)
+
+
 # ---------------------------------------------------------------------------
 # Launcher
 # ---------------------------------------------------------------------------
@@ -821,16 +844,45 @@ class PlannedFp8Launch(PlannedLaunch):
     one (batch, kv_heads, 3) tensor, allocates a bf16 O and LSE, launches."""
 
     def __init__(self, gluon: PlannedGluonLaunch, lse_shape: tuple[int, ...],
-                 block_n: int) -> None:
+                 v_copy: VCopy) -> None:
         super().__init__(gluon, lse_shape)
-        self.block_n = block_n
+        self.v_copy = v_copy
 
     def __call__(self, q, k, v, q_descale, k_descale, v_descale):
         out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-        descales = torch.stack((q_descale, k_descale, v_descale), dim=-1).float()
-        self.gluon((q, k, keys_contiguous_v(v, self.block_n)[0]), (out, lse, descales))
+        descales = torch.stack((q_descale, k_descale, v_descale), dim=-1)
+        self.gluon((q, k, self.v_copy(v)), (out, lse, descales))
         return out, lse
+
+
+V_COPY_KEYS = 64  # positions per program of the copy (a multiple of 32)
+_V_COPY = DirectLauncher(_fp8_v_keys_contiguous)
+
+
+class VCopy:
+    """``keys_contiguous_v``'s copy for one V signature: ``(v)`` -> the copy, through a
+    planned launch of ``_fp8_v_keys_contiguous`` on V's bytes.  ``shape`` and ``parts``
+    are the copy's shape and its TMA descriptor's parts (``TensorDescriptor(copy,
+    *parts)``), known without a copy (a meta V gives them)."""
+
+    def __init__(self, v: torch.Tensor, block_n: int) -> None:
+        batch, seqlen, heads, head_dim = v.shape
+        padded = triton.cdiv(seqlen, 32) * 32
+        self.shape = (batch, heads, head_dim, padded)
+        strides = (heads * head_dim * padded, head_dim * padded, padded, 1)
+        box = (1, 1, head_dim, block_n)
+        self.parts = (list(self.shape), list(strides), list(box), box_layout(box, v.dtype))
+        sb, ss, sh, sd = v.stride()
+        self.launch = _launch.PlannedLaunch(
+            _V_COPY, (triton.cdiv(padded, V_COPY_KEYS), batch * heads),
+            (seqlen, padded, heads, sb, ss, sh, sd),
+            dict(HEAD_DIM=head_dim, BLOCK_S=V_COPY_KEYS, num_warps=4))
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        copy = torch.empty(self.shape, dtype=torch.uint8, device=v.device)
+        self.launch(v.view(torch.uint8), copy)
+        return copy.view(v.dtype)
 
 
 def keys_contiguous_v(v: torch.Tensor, block_n: int) -> tuple:
@@ -839,19 +891,13 @@ def keys_contiguous_v(v: torch.Tensor, block_n: int) -> tuple:
     for each head-dim row (an fp8 wgmma reads its B operand k-major only, and for P V the
     reduction runs over the keys), in ``_p_operand``'s order within each 32 keys (key
     16h + 8g + 2q + e at position 16h + 4q + 2g + e), the sequence zero-padded to a
-    multiple of 32 (P is 0 there; the zeros keep 0 x V finite).  One read and write of V,
-    small beside an O(N^2) prefill."""
-    batch, seqlen, heads, head_dim = v.shape
-    padded = triton.cdiv(seqlen, 32) * 32
-    keys = v.permute(0, 2, 3, 1)  # (batch, heads, head_dim, seqlen), a view
-    if padded != seqlen:
-        keys = torch.nn.functional.pad(keys, (0, padded - seqlen))
-    copy = v.new_empty((batch, heads, head_dim, padded))
-    groups = (batch, heads, head_dim, padded // 32, 2)
-    copy.view(*groups, 4, 2, 2).copy_(keys.reshape(*groups, 2, 4, 2).transpose(-3, -2))
-    box = (1, 1, head_dim, block_n)
-    return copy, ([batch, heads, head_dim, padded], list(copy.stride()), list(box),
-                  box_layout(box, v.dtype))
+    multiple of 32 (P is 0 there; the zeros keep 0 x V finite).  One read and write of V
+    (a Triton kernel: torch's strided copy of one-byte elements is uncoalesced on one
+    side), small beside an O(N^2) prefill.  A meta V gives a meta copy (the shapes)."""
+    plan = VCopy(v, block_n)
+    if v.device.type == "meta":
+        return torch.empty(plan.shape, dtype=v.dtype, device="meta"), tuple(plan.parts)
+    return plan(v), tuple(plan.parts)
 
 
 def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str,
@@ -871,8 +917,8 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: st
     # O is allocated contiguous in q's layout.
     strides = layout_named(layout).bhs_strides(torch.empty(q.shape, device="meta"))
     if fp8:  # V arrives keys-contiguous (PlannedFp8Launch): a meta copy has its strides
-        v_copy, v_parts = keys_contiguous_v(torch.empty(v.shape, dtype=v.dtype, device="meta"),
-                                            config.block_n)
+        v_plan = VCopy(v, config.block_n)
+        v_copy, v_parts = torch.empty(v_plan.shape, dtype=v.dtype, device="meta"), v_plan.parts
     else:
         v_copy, v_parts = v, descriptor_parts(v, layout, config.block_n)
     descriptors = (PlannedDescriptor(q, descriptor_parts(q, layout, BLOCK_M // 2)),
@@ -887,7 +933,7 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: st
     gluon = PlannedGluonLaunch(_COMPILED, kernel, grid, descriptors, static, constexprs, key,
                                MAXNREG)
     if fp8:
-        return PlannedFp8Launch(gluon, (batch, num_heads, seqlen_q), config.block_n)
+        return PlannedFp8Launch(gluon, (batch, num_heads, seqlen_q), v_plan)
     return PlannedLaunch(gluon, (batch, num_heads, seqlen_q))
 
 
