@@ -63,8 +63,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.dtypes import TORCH_NAMES
 from attnlab.inputs import AttentionInputs, layout_named
-from attnlab.kernels import _launch
 from attnlab.kernels._launch import DirectLauncher, int_class
+from attnlab.kernels._launch import PlannedLaunch as PlannedTritonLaunch
 from attnlab.kernels._primitives import LOG2E
 from attnlab.kernels._sm90 import (
     PlannedDescriptor,
@@ -874,7 +874,7 @@ class VCopy:
         box = (1, 1, head_dim, block_n)
         self.parts = (list(self.shape), list(strides), list(box), box_layout(box, v.dtype))
         sb, ss, sh, sd = v.stride()
-        self.launch = _launch.PlannedLaunch(
+        self.launch = PlannedTritonLaunch(
             _V_COPY, (triton.cdiv(padded, V_COPY_KEYS), batch * heads),
             (seqlen, padded, heads, sb, ss, sh, sd),
             dict(HEAD_DIM=head_dim, BLOCK_S=V_COPY_KEYS, num_warps=4))
