@@ -63,6 +63,7 @@ from attnlab.kernels.configs import (
     fp8_forward_config,
     head_dim_padded,
 )
+from attnlab.kernels.fp8_v import keys_contiguous
 from attnlab.masking import effective_window, reach_window
 from attnlab.shapes import AttentionShape
 
@@ -383,15 +384,10 @@ def flash_forward(
     return plan(q, k, v, *indices)
 
 
-def keys_contiguous(v: torch.Tensor) -> torch.Tensor:
-    """A (batch, seqlen, kv_heads, d) V as the same-shaped view of a (batch, kv_heads, d,
-    seqlen) copy: each tile's keys contiguous (stride 1 along seqlen).  An fp8 wgmma
-    reads both operands k-major; for P V the reduction runs over the keys.  With d
-    contiguous instead, Triton 3.7.1 stages V through registers into a transposed shared
-    layout and leaves it out of the cp.async pipeline (sm_90a PTX: 12 against 24 async
-    copies, 76 shared stores per tile); Triton's own fp8 tutorial transposes V the same
-    way.  One read and write of V, small beside an O(N^2) prefill."""
-    return v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+def keys_contiguous_view(v: torch.Tensor) -> torch.Tensor:
+    """``keys_contiguous(v)`` as the same-shaped view of V the Triton forward reads
+    (stride 1 along the keys)."""
+    return keys_contiguous(v)[..., :v.shape[1]].permute(0, 3, 1, 2)
 
 
 def flash_forward_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -415,7 +411,7 @@ def flash_forward_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             plan = _PLANS.get(key, lambda: plan_launch(q, k, v, layout="bshd", scale=scale,
                                                        causal=causal, config=sm90))
             return plan(q, k, v, q_descale, k_descale, v_descale)
-    return flash_forward(q, k, keys_contiguous(v), layout="bshd", scale=scale, causal=causal,
+    return flash_forward(q, k, keys_contiguous_view(v), layout="bshd", scale=scale, causal=causal,
                          window=window, softcap=softcap, config=config,
                          descales=(q_descale, k_descale, v_descale))
 

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -63,8 +62,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnlab.dtypes import TORCH_NAMES
 from attnlab.inputs import AttentionInputs, layout_named
-from attnlab.kernels._launch import DirectLauncher, int_class
-from attnlab.kernels._launch import PlannedLaunch as PlannedTritonLaunch
+from attnlab.kernels._launch import int_class
 from attnlab.kernels._primitives import LOG2E
 from attnlab.kernels._sm90 import (
     PlannedDescriptor,
@@ -85,6 +83,7 @@ from attnlab.kernels._sm90 import (
     tma_aligned,
     tma_load_box,
 )
+from attnlab.kernels.fp8_v import keys_contiguous, keys_contiguous_shape
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 BLOCK_M = 128            # two consumer warpgroups x 64 query rows
@@ -583,27 +582,6 @@ def _attn_fwd_sm90(
         mbarrier.invalidate(v_empty.index(ring))
 
 
-@triton.jit
-def _fp8_v_keys_contiguous(V, OUT, seqlen, padded, kv_heads, stride_vb, stride_vs,
-                           stride_vh, stride_vd, HEAD_DIM: tl.constexpr,
-                           BLOCK_S: tl.constexpr):
-    """The FP8 kernel's V (``keys_contiguous_v``), bytes copied: one program per
-    (BLOCK_S positions, batch x KV head) reads its keys as [HEAD_DIM, BLOCK_S] tiles
-    (each key's HEAD_DIM bytes contiguous) and writes them keys-contiguous, position
-    16h + 4q + 2g + e of each 32 holding key 16h + 8g + 2q + e, zeros past ``seqlen``."""
-    bh = tl.program_id(1).to(tl.int64)
-    pos = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    local = pos % 32
-    key = (pos - local + local // 16 * 16 + (local // 2) % 2 * 8 + (local // 4) % 4 * 2
-           + local % 2)
-    d = tl.arange(0, HEAD_DIM)
-    src = (V + bh // kv_heads * stride_vb + bh % kv_heads * stride_vh
-           + key[None, :].to(tl.int64) * stride_vs + d[:, None] * stride_vd)
-    tile = tl.load(src, mask=key[None, :] < seqlen, other=0)
-    dst = OUT + (bh * HEAD_DIM + d[:, None]) * padded + pos[None, :]
-    tl.store(dst, tile, mask=pos[None, :] < padded)
-
-
 # ---------------------------------------------------------------------------
 # Launcher
 # ---------------------------------------------------------------------------
@@ -856,44 +834,29 @@ class PlannedFp8Launch(PlannedLaunch):
         return out, lse
 
 
-V_COPY_KEYS = 64  # positions per program of the copy (a multiple of 32)
-_V_COPY = DirectLauncher(_fp8_v_keys_contiguous)
-
-
 class VCopy:
-    """``keys_contiguous_v``'s copy for one V signature: ``(v)`` -> the copy, through a
-    planned launch of ``_fp8_v_keys_contiguous`` on V's bytes.  ``shape`` and ``parts``
-    are the copy's shape and its TMA descriptor's parts (``TensorDescriptor(copy,
-    *parts)``), known without a copy (a meta V gives them)."""
+    """``keys_contiguous_v`` for one V signature: ``(v)`` -> the copy
+    (``kernels.forward.keys_contiguous``, permuted); ``shape`` and ``parts`` are the
+    copy's shape and its TMA descriptor's parts (``TensorDescriptor(copy, *parts)``),
+    known without a copy (a meta V gives them)."""
 
     def __init__(self, v: torch.Tensor, block_n: int) -> None:
         batch, seqlen, heads, head_dim = v.shape
-        padded = triton.cdiv(seqlen, 32) * 32
-        self.shape = (batch, heads, head_dim, padded)
-        strides = (heads * head_dim * padded, head_dim * padded, padded, 1)
+        self.shape = keys_contiguous_shape(v.shape)
+        strides = torch.empty(self.shape, device="meta").stride()
         box = (1, 1, head_dim, block_n)
         self.parts = (list(self.shape), list(strides), list(box), box_layout(box, v.dtype))
-        sb, ss, sh, sd = v.stride()
-        self.launch = PlannedTritonLaunch(
-            _V_COPY, (triton.cdiv(padded, V_COPY_KEYS), batch * heads),
-            (seqlen, padded, heads, sb, ss, sh, sd),
-            dict(HEAD_DIM=head_dim, BLOCK_S=V_COPY_KEYS, num_warps=4))
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
-        copy = torch.empty(self.shape, dtype=torch.uint8, device=v.device)
-        self.launch(v.view(torch.uint8), copy)
-        return copy.view(v.dtype)
+        return keys_contiguous(v, permuted=True)
 
 
 def keys_contiguous_v(v: torch.Tensor, block_n: int) -> tuple:
     """(copy, descriptor parts) of a (batch, seqlen, kv_heads, head_dim) e4m3 V as the FP8
-    kernel reads it: a (batch, kv_heads, head_dim, seqlen) copy, a tile's keys contiguous
-    for each head-dim row (an fp8 wgmma reads its B operand k-major only, and for P V the
-    reduction runs over the keys), in ``_p_operand``'s order within each 32 keys (key
-    16h + 8g + 2q + e at position 16h + 4q + 2g + e), the sequence zero-padded to a
-    multiple of 32 (P is 0 there; the zeros keep 0 x V finite).  One read and write of V
-    (a Triton kernel: torch's strided copy of one-byte elements is uncoalesced on one
-    side), small beside an O(N^2) prefill.  A meta V gives a meta copy (the shapes)."""
+    kernel reads it: ``kernels.forward.keys_contiguous(v, permuted=True)`` (keys
+    contiguous per head-dim row, as an fp8 wgmma reads its B operand, in ``_p_operand``'s
+    order within each 32 keys, zero-padded to a multiple of 32).  A meta V gives a meta
+    copy (the shapes)."""
     plan = VCopy(v, block_n)
     if v.device.type == "meta":
         return torch.empty(plan.shape, dtype=v.dtype, device="meta"), tuple(plan.parts)
