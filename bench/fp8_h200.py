@@ -354,12 +354,6 @@ def tuning(ctx) -> None:
         ctx.upsert("fp8_tuning.jsonl", out)
 
 
-def sm90_fp8_candidates() -> tuple:
-    from attnlab.kernels.forward_sm90 import FP8_CANDIDATES
-
-    return FP8_CANDIDATES
-
-
 def sm90_grid(args) -> list[AttentionShape]:
     return [AttentionShape(batch=max(1, 32768 // n), query_heads=16, kv_heads=16, seqlen_q=n,
                            seqlen_k=n, head_dim=d, dtype="bf16", causal=causal)
@@ -369,7 +363,11 @@ def sm90_grid(args) -> list[AttentionShape]:
 def sm90_accuracy(ctx) -> set[str]:
     """The names of the Gluon FP8 configs that fail the FP8 bound (checked at 700 x 900
     keys, GQA 2:1, causal and not, per head dim); their timings are never tabled."""
-    from attnlab.kernels.forward_sm90 import flash_forward_fp8_sm90, supports_fp8
+    from attnlab.kernels.forward_sm90 import (
+        FP8_CANDIDATES,
+        flash_forward_fp8_sm90,
+        supports_fp8,
+    )
 
     failed = set()
     for dim, causal in itertools.product((128, 64), (False, True)):
@@ -378,7 +376,7 @@ def sm90_accuracy(ctx) -> set[str]:
         (q8, qd), (k8, kd), (v8, vd) = (quantize_per_head(t) for t in real)
         qd = qd.view(1, 2, 2).amax(-1)  # FA3's q_descale is per KV head
         q8 = quantize_e4m3(real[0], per_head(qd.repeat_interleave(2, 1)))
-        for config in sm90_fp8_candidates():
+        for config in FP8_CANDIDATES:
             if not supports_fp8(q8, k8, v8, config=config)[0]:
                 continue
             try:
@@ -407,7 +405,7 @@ def sm90_sweep(ctx) -> None:
 
     from attnlab.kernels._sm90 import merged_table
     from attnlab.kernels.configs import length_bucket
-    from attnlab.kernels.forward_sm90 import supports_fp8
+    from attnlab.kernels.forward_sm90 import FP8_CANDIDATES, supports_fp8
 
     committed = json.loads(importlib.resources.files("attnlab.kernels")
                            .joinpath("sm90_fp8_dispatch.json").read_text())
@@ -419,7 +417,7 @@ def sm90_sweep(ctx) -> None:
         rows = {name: measure(ctx, name, shape, "prefill", fn, inputs, flops=flops)
                 for name, fn, inputs in (calls[0], calls[2])}
         q8, k8, v8, *_ = calls[1][2]
-        for config in sm90_fp8_candidates():
+        for config in FP8_CANDIDATES:
             if not supports_fp8(q8, k8, v8, config=config)[0]:
                 continue
             _, fn, inputs = prefill_calls(shape, config)[1]

@@ -818,49 +818,28 @@ class PlannedLaunch:
 
 class PlannedFp8Launch(PlannedLaunch):
     """The FP8 forward's launch for one call signature: ``(q, k, v, q_descale, k_descale,
-    v_descale)`` copies V keys-contiguous (``keys_contiguous_v``) and the descales into
-    one (batch, kv_heads, 3) tensor, allocates a bf16 O and LSE, launches."""
-
-    def __init__(self, gluon: PlannedGluonLaunch, lse_shape: tuple[int, ...],
-                 v_copy: VCopy) -> None:
-        super().__init__(gluon, lse_shape)
-        self.v_copy = v_copy
+    v_descale)`` copies V keys-contiguous in ``_p_operand``'s key order
+    (``fp8_v.keys_contiguous``) and the descales into one (batch, kv_heads, 3) tensor,
+    allocates a bf16 O and LSE, launches."""
 
     def __call__(self, q, k, v, q_descale, k_descale, v_descale):
         out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
         descales = torch.stack((q_descale, k_descale, v_descale), dim=-1)
-        self.gluon((q, k, self.v_copy(v)), (out, lse, descales))
+        self.gluon((q, k, keys_contiguous(v, permuted=True)), (out, lse, descales))
         return out, lse
 
 
-class VCopy:
-    """``keys_contiguous_v`` for one V signature: ``(v)`` -> the copy
-    (``kernels.forward.keys_contiguous``, permuted); ``shape`` and ``parts`` are the
-    copy's shape and its TMA descriptor's parts (``TensorDescriptor(copy, *parts)``),
-    known without a copy (a meta V gives them)."""
-
-    def __init__(self, v: torch.Tensor, block_n: int) -> None:
-        batch, seqlen, heads, head_dim = v.shape
-        self.shape = keys_contiguous_shape(v.shape)
-        strides = torch.empty(self.shape, device="meta").stride()
-        box = (1, 1, head_dim, block_n)
-        self.parts = (list(self.shape), list(strides), list(box), box_layout(box, v.dtype))
-
-    def __call__(self, v: torch.Tensor) -> torch.Tensor:
-        return keys_contiguous(v, permuted=True)
-
-
-def keys_contiguous_v(v: torch.Tensor, block_n: int) -> tuple:
-    """(copy, descriptor parts) of a (batch, seqlen, kv_heads, head_dim) e4m3 V as the FP8
-    kernel reads it: ``kernels.forward.keys_contiguous(v, permuted=True)`` (keys
-    contiguous per head-dim row, as an fp8 wgmma reads its B operand, in ``_p_operand``'s
-    order within each 32 keys, zero-padded to a multiple of 32).  A meta V gives a meta
-    copy (the shapes)."""
-    plan = VCopy(v, block_n)
-    if v.device.type == "meta":
-        return torch.empty(plan.shape, dtype=v.dtype, device="meta"), tuple(plan.parts)
-    return plan(v), tuple(plan.parts)
+def keys_contiguous_v(v: torch.Tensor, block_n: int) -> tuple[torch.Tensor, tuple]:
+    """(copy, descriptor parts: ``TensorDescriptor(copy, *parts)``) of a (batch, seqlen,
+    kv_heads, head_dim) e4m3 V as this kernel reads it: ``fp8_v.keys_contiguous(v,
+    permuted=True)``, in tiles of ``block_n`` keys.  A meta V gives a meta copy (the
+    shapes, for a plan or a compile)."""
+    shape = keys_contiguous_shape(v.shape)
+    copy = (torch.empty(shape, dtype=v.dtype, device="meta") if v.device.type == "meta"
+            else keys_contiguous(v, permuted=True))
+    box = (1, 1, v.shape[-1], block_n)
+    return copy, (list(shape), list(copy.stride()), list(box), box_layout(box, v.dtype))
 
 
 def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str,
@@ -880,8 +859,7 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: st
     # O is allocated contiguous in q's layout.
     strides = layout_named(layout).bhs_strides(torch.empty(q.shape, device="meta"))
     if fp8:  # V arrives keys-contiguous (PlannedFp8Launch): a meta copy has its strides
-        v_plan = VCopy(v, config.block_n)
-        v_copy, v_parts = torch.empty(v_plan.shape, dtype=v.dtype, device="meta"), v_plan.parts
+        v_copy, v_parts = keys_contiguous_v(v.to("meta"), config.block_n)
     else:
         v_copy, v_parts = v, descriptor_parts(v, layout, config.block_n)
     descriptors = (PlannedDescriptor(q, descriptor_parts(q, layout, BLOCK_M // 2)),
@@ -896,7 +874,7 @@ def plan_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: st
     gluon = PlannedGluonLaunch(_COMPILED, kernel, grid, descriptors, static, constexprs, key,
                                MAXNREG)
     if fp8:
-        return PlannedFp8Launch(gluon, (batch, num_heads, seqlen_q), v_plan)
+        return PlannedFp8Launch(gluon, (batch, num_heads, seqlen_q))
     return PlannedLaunch(gluon, (batch, num_heads, seqlen_q))
 
 
@@ -947,8 +925,11 @@ def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal:
     torch_dtype = torch.float8_e4m3fn if fp8 else getattr(torch, TORCH_NAMES[dtype])
     # A meta-device tensor gives the descriptors their types without memory.
     example = torch.empty((1, 256, 1, head_dim), dtype=torch_dtype, device="meta")
-    v_desc = (TensorDescriptor(*_flat(keys_contiguous_v(example, config.block_n))) if fp8
-              else descriptor(example, "bshd", config.block_n))
+    if fp8:
+        copy, parts = keys_contiguous_v(example, config.block_n)
+        v_desc = TensorDescriptor(copy, *parts)
+    else:
+        v_desc = descriptor(example, "bshd", config.block_n)
     signature = {
         "q_desc": mangle_type(descriptor(example, "bshd", BLOCK_M // 2)),
         "k_desc": mangle_type(descriptor(example, "bshd", config.block_n)),
@@ -965,11 +946,6 @@ def compile_for_sm90(head_dim: int, config: Sm90Config | None = None, *, causal:
                      PRODUCER_REGS=config.producer_regs, **meta)
     aligned = ("O", "LSE", "DESCALES", "stride_ob", "stride_oh", "stride_om")
     return compile_sm90(kernel, signature, constants, aligned, MAXNREG)
-
-
-def _flat(copy_and_parts: tuple) -> tuple:
-    copy, parts = copy_and_parts
-    return (copy, *parts)
 
 
 def overlap_evidence(asm: dict) -> dict:
